@@ -1,0 +1,39 @@
+# Declarations for the fan-out core (see fanout.pyx).
+from natsjs._core.parser cimport ProtoParser
+from natsjs._core.sublist cimport Sublist, SublistResult, Subscription
+
+
+cdef class Conn(ProtoParser):
+    cdef public bytearray out          # outbound bytes not yet written to the socket
+    cdef public Py_ssize_t max_pending
+    cdef public bint pending           # already in some reader's pcd list
+    cdef public bint closed
+    cdef public bint headers
+    cdef public object conn            # the Python connection object (rare events)
+    cdef public long long in_msgs
+    cdef public long long in_bytes
+    cdef public long long out_msgs
+    cdef public long long out_bytes
+    cdef public list pcd               # connections written to in this read batch
+    cdef public object stalled         # a Conn over its stall threshold, or None
+    cdef int write_msg(self, Subscription sub,
+                       const unsigned char* subj, Py_ssize_t slen,
+                       const unsigned char* reply, Py_ssize_t rlen,
+                       const unsigned char* msg, Py_ssize_t hdr,
+                       Py_ssize_t size) except -1
+    cdef int queued(self, Conn producer) except -1
+
+
+cdef class ClientCore(Conn):
+    cdef public Sublist sublist
+    cdef public bint echo
+    cdef public bint verbose
+    cdef public bint pedantic
+    cdef public bint no_responders
+    cdef bytes last_subject
+    cdef SublistResult last_result
+    cdef unsigned long long last_gen
+    cdef unsigned long long rng
+    cdef SublistResult lookup(self, const unsigned char* subj, Py_ssize_t slen)
+    cdef int deliver(self, Subscription sub, const unsigned char* msg) except -1
+    cdef int no_responders_reply(self) except -1

@@ -1,0 +1,279 @@
+# cython: language_level=3
+"""Fan-out: steps 3 and 4 of a message's path, in C.
+
+Before it: ``ProtoParser.feed`` (parser.pyx) has sliced a PUB/HPUB out of the read
+buffer and calls ``process_msg`` with a pointer to the payload.  Here the subject is
+matched in the account's sublist (sublist.pyx), one ``MSG``/``HMSG`` frame is
+appended to the outbound buffer of every interested connection, one member of each
+queue group is picked at random, and each connection written to is put once on the
+producer's ``pcd`` list.  After it: when ``feed`` returns, the connection's read
+loop (natsjs/client.py) flushes every connection on ``pcd`` once for the whole read
+batch, as nats-server does with its per-read ``pcd`` map (server/client.go
+flushClients).
+
+Nothing here allocates per delivered message: the frame is written straight into
+the target's ``bytearray``.  The only per-message Python object is the subject, and
+even that is skipped while a connection keeps publishing to the same subject and
+the sublist has not changed (``last_subject``/``genid``).
+
+Back-pressure (server/client.go queueOutbound): a connection whose pending output
+passes 3/4 of ``max_pending`` is reported in the producer's ``stalled`` so the read
+loop waits for it to drain before reading more; one that passes ``max_pending`` is a
+slow consumer and is closed through its Python object.
+"""
+from cpython.bytearray cimport (PyByteArray_AS_STRING, PyByteArray_GET_SIZE,
+                                PyByteArray_Resize)
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.string cimport memcmp, memcpy
+from libc.stdint cimport uint64_t
+
+from natsjs._core.parser cimport CLIENT, ProtoParser
+from natsjs._core.sublist cimport Sublist, SublistResult, Subscription
+from natsjs._core.sublist cimport literal_ok
+
+import os
+
+DEF MAX_PENDING_SIZE = 67108864
+
+
+cdef inline Py_ssize_t _ndigits(Py_ssize_t v) noexcept nogil:
+    cdef Py_ssize_t d = 1
+    while v >= 10:
+        v //= 10
+        d += 1
+    return d
+
+
+cdef inline char* _put_int(char* p, Py_ssize_t v, Py_ssize_t nd) noexcept nogil:
+    cdef Py_ssize_t k = nd - 1
+    while k >= 0:
+        p[k] = <char>(48 + v % 10)
+        v //= 10
+        k -= 1
+    return p + nd
+
+
+cdef inline char* _put(char* p, const void* src, Py_ssize_t n) noexcept nogil:
+    memcpy(p, src, n)
+    return p + n
+
+
+cdef inline char* reserve(bytearray out, Py_ssize_t extra) except NULL:
+    """Grow ``out`` by ``extra`` bytes and return where they start."""
+    cdef Py_ssize_t old = PyByteArray_GET_SIZE(out)
+    if PyByteArray_Resize(out, old + extra) < 0:
+        return NULL
+    return PyByteArray_AS_STRING(out) + old
+
+
+cdef class Conn(ProtoParser):
+    """A connection's parser plus its outbound buffer; subclasses write frames."""
+
+    def __init__(self, on_op, conn=None, int kind=CLIENT, Py_ssize_t max_control_line=4096,
+                 Py_ssize_t max_payload=1048576, Py_ssize_t max_pending=MAX_PENDING_SIZE):
+        ProtoParser.__init__(self, on_op, kind, max_control_line, max_payload)
+        self.out = bytearray()
+        self.max_pending = max_pending
+        self.pending = False
+        self.closed = False
+        self.headers = False
+        self.conn = conn
+        self.in_msgs = 0
+        self.in_bytes = 0
+        self.out_msgs = 0
+        self.out_bytes = 0
+        self.pcd = []
+        self.stalled = None
+
+    cdef int write_msg(self, Subscription sub,
+                       const unsigned char* subj, Py_ssize_t slen,
+                       const unsigned char* reply, Py_ssize_t rlen,
+                       const unsigned char* msg, Py_ssize_t hdr,
+                       Py_ssize_t size) except -1:
+        raise NotImplementedError
+
+    cdef int queued(self, Conn producer) except -1:
+        """Bookkeeping after a frame was appended to ``self.out`` in ``producer``'s batch."""
+        cdef Py_ssize_t size = PyByteArray_GET_SIZE(self.out)
+        if not self.pending:
+            self.pending = True
+            producer.pcd.append(self)
+        if size > (self.max_pending >> 2) * 3:
+            if size > self.max_pending and not self.closed:
+                self.closed = True
+                if self.conn is not None:
+                    self.conn.slow_consumer()
+                return 0
+            if self is not producer:
+                producer.stalled = self
+        return 0
+
+    def take_pcd(self):
+        """The connections written to since the last call (each once), and reset."""
+        cdef list pcd = self.pcd
+        cdef Conn c
+        self.pcd = []
+        for c in pcd:
+            c.pending = False
+        return pcd
+
+    def enqueue(self, data):
+        """Append protocol bytes (PONG, INFO, -ERR ...) to this connection's output."""
+        self.out += data
+
+
+cdef class ClientCore(Conn):
+    """The client side of the hot path: PUB/HPUB in, MSG/HMSG out."""
+
+    def __init__(self, on_op, conn=None, Sublist sublist=None, Py_ssize_t max_control_line=4096,
+                 Py_ssize_t max_payload=1048576, Py_ssize_t max_pending=MAX_PENDING_SIZE):
+        Conn.__init__(self, on_op, conn, CLIENT, max_control_line, max_payload, max_pending)
+        self.sublist = sublist
+        # nats-server's defaults before CONNECT says otherwise (server/client.go).
+        self.echo = True
+        self.verbose = True
+        self.pedantic = True
+        self.no_responders = False
+        self.last_subject = None
+        self.last_result = None
+        self.last_gen = 0
+        self.rng = <uint64_t>int.from_bytes(os.urandom(8), "little") | 1
+
+    cdef SublistResult lookup(self, const unsigned char* subj, Py_ssize_t slen):
+        cdef bytes s = self.last_subject
+        if s is not None and self.last_gen == self.sublist.genid \
+                and PyBytes_GET_SIZE(s) == slen \
+                and memcmp(PyBytes_AS_STRING(s), subj, slen) == 0:
+            return self.last_result
+        s = PyBytes_FromStringAndSize(<const char*>subj, slen)
+        self.last_result = self.sublist.match(s)
+        self.last_subject = s
+        self.last_gen = self.sublist.genid
+        return self.last_result
+
+    cdef int process_msg(self, const unsigned char* msg) except -1:
+        cdef SublistResult r
+        cdef Subscription sub
+        cdef list group
+        cdef Py_ssize_t delivered = 0, n, k, start, j
+        cdef char* p
+        self.in_msgs += 1
+        self.in_bytes += self.pa.size
+        if self.verbose:
+            p = reserve(self.out, 5)
+            memcpy(p, b"+OK\r\n", 5)
+            self.queued(self)
+        if self.pedantic and not literal_ok(self.pa.subject, self.pa.subject_len):
+            self.out += b"-ERR 'Invalid Publish Subject'\r\n"
+            self.queued(self)
+        r = self.lookup(self.pa.subject, self.pa.subject_len)
+        for sub in r.psubs:
+            delivered += self.deliver(sub, msg)
+        for group in r.qsubs:
+            n = len(group)
+            self.rng ^= self.rng << 13
+            self.rng ^= self.rng >> 7
+            self.rng ^= self.rng << 17
+            start = <Py_ssize_t>(self.rng % <uint64_t>n)
+            for k in range(n):
+                j = start + k
+                if j >= n:
+                    j -= n
+                if self.deliver(<Subscription>group[j], msg):
+                    delivered += 1
+                    break
+        if delivered == 0 and self.pa.reply != NULL and self.no_responders:
+            self.no_responders_reply()
+        return 0
+
+    cdef int deliver(self, Subscription sub, const unsigned char* msg) except -1:
+        cdef Conn target
+        if sub.closed or (sub.max_msgs > 0 and sub.nmsgs >= sub.max_msgs):
+            return 0
+        if sub.callback is not None:
+            sub.nmsgs += 1
+            sub.callback(
+                sub,
+                PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len),
+                PyBytes_FromStringAndSize(<const char*>self.pa.reply, self.pa.reply_len)
+                if self.pa.reply != NULL else None,
+                self.pa.hdr,
+                PyBytes_FromStringAndSize(<const char*>msg, self.pa.size))
+            return 1
+        target = <Conn>sub.client
+        if target.closed or (target is self and not self.echo):
+            return 0
+        sub.nmsgs += 1
+        target.write_msg(sub, self.pa.subject, self.pa.subject_len, self.pa.reply,
+                         self.pa.reply_len if self.pa.reply != NULL else -1,
+                         msg, self.pa.hdr, self.pa.size)
+        target.queued(self)
+        if sub.max_msgs > 0 and sub.nmsgs >= sub.max_msgs and target.conn is not None:
+            target.conn.auto_unsubscribe(sub)
+        return 1
+
+    cdef int write_msg(self, Subscription sub,
+                       const unsigned char* subj, Py_ssize_t slen,
+                       const unsigned char* reply, Py_ssize_t rlen,
+                       const unsigned char* msg, Py_ssize_t hdr,
+                       Py_ssize_t size) except -1:
+        """Append ``MSG subj sid [reply] size`` or ``HMSG ... hdr size`` and the payload."""
+        cdef bytes sid = sub.sid
+        cdef Py_ssize_t sidlen = PyBytes_GET_SIZE(sid)
+        cdef Py_ssize_t nd, hd = 0, total
+        cdef char* p
+        if hdr >= 0 and not self.headers:
+            # A client that did not announce headers gets the payload alone, as
+            # nats-server strips them for it.
+            msg += hdr
+            size -= hdr
+            hdr = -1
+        nd = _ndigits(size)
+        total = 4 + slen + 1 + sidlen + 1 + nd + 2 + size + 2
+        if rlen >= 0:
+            total += rlen + 1
+        if hdr >= 0:
+            hd = _ndigits(hdr)
+            total += 1 + hd + 1
+        p = reserve(self.out, total)
+        if hdr >= 0:
+            p = _put(p, b"HMSG ", 5)
+        else:
+            p = _put(p, b"MSG ", 4)
+        p = _put(p, subj, slen)
+        p[0] = c' '
+        p = _put(p + 1, PyBytes_AS_STRING(sid), sidlen)
+        p[0] = c' '
+        p += 1
+        if rlen >= 0:
+            p = _put(p, reply, rlen)
+            p[0] = c' '
+            p += 1
+        if hdr >= 0:
+            p = _put_int(p, hdr, hd)
+            p[0] = c' '
+            p += 1
+        p = _put_int(p, size, nd)
+        p[0] = c'\r'
+        p[1] = c'\n'
+        p = _put(p + 2, msg, size)
+        p[0] = c'\r'
+        p[1] = c'\n'
+        self.out_msgs += 1
+        self.out_bytes += size
+        return 0
+
+    cdef int no_responders_reply(self) except -1:
+        """Status 503 to the requester's own reply subscription (server/client.go)."""
+        cdef bytes reply = PyBytes_FromStringAndSize(<const char*>self.pa.reply, self.pa.reply_len)
+        cdef bytes subject = PyBytes_FromStringAndSize(<const char*>self.pa.subject,
+                                                       self.pa.subject_len)
+        cdef Subscription sub
+        cdef SublistResult r = self.sublist.match(reply)
+        for sub in r.psubs:
+            if sub.client is self:
+                hdr = b"NATS/1.0 503\r\nNats-Subject: " + subject + b"\r\n\r\n"
+                self.out += b"HMSG %s %s %d %d\r\n%s\r\n" % (reply, sub.sid, len(hdr), len(hdr), hdr)
+                self.queued(self)
+                return 0
+        return 0

@@ -1,0 +1,67 @@
+# Declarations for the protocol parser (see parser.pyx).
+
+# Connection kinds: which operations the parser accepts and how it reads their
+# arguments (a route's RMSG carries an account and queue names, a client's PUB
+# does not).
+cdef enum:
+    CLIENT = 0
+    ROUTER = 1
+
+# Control operations handed to the Python layer through ``on_op``.  Message
+# operations (PUB, HPUB, RMSG, routed HMSG) never leave Cython: they go to
+# ``process_msg`` with pointers into the read buffer.
+cdef enum:
+    OP_CONNECT = 1
+    OP_INFO = 2
+    OP_SUB = 3
+    OP_UNSUB = 4
+    OP_PING = 5
+    OP_PONG = 6
+    OP_OK = 7
+    OP_ERR = 8
+    OP_RS_PLUS = 9
+    OP_RS_MINUS = 10
+    OP_LS_PLUS = 11
+    OP_LS_MINUS = 12
+
+# The arguments of the message being parsed.  Pointers refer either into the
+# caller's buffer (the common, zero-copy case) or into ``ProtoParser.line`` when
+# the message straddles two reads.
+cdef struct PubArg:
+    const unsigned char* subject
+    Py_ssize_t subject_len
+    const unsigned char* reply
+    Py_ssize_t reply_len
+    const unsigned char* account
+    Py_ssize_t account_len
+    const unsigned char* queues      # space separated queue names (routes)
+    Py_ssize_t queues_len
+    Py_ssize_t hdr                   # header length, -1 when the op has none
+    Py_ssize_t size                  # total payload length (headers included)
+
+
+cdef class ProtoParser:
+    cdef int state
+    cdef public int kind
+    cdef public Py_ssize_t max_control_line
+    cdef public Py_ssize_t max_payload
+    # Leftover of a control line, or the control line of a message whose
+    # payload is still arriving: copied only when a read splits them.
+    cdef bytearray line
+    cdef bytearray payload
+    cdef PubArg pa
+    # Python callback for control operations: on_op(op, args_bytes).
+    cdef object on_op
+    # Raw control-line tracer (``-V``): on_trace(line_bytes) or None.
+    cdef public object on_trace
+
+    cpdef feed(self, data)
+    cdef int _control(self, const unsigned char* ctl, Py_ssize_t n,
+                      const unsigned char* rest, Py_ssize_t avail,
+                      Py_ssize_t* used) except -1
+    cdef int _parse_pub(self, int op, const unsigned char* arg, Py_ssize_t n) except -1
+    cdef int _repoint(self, const unsigned char* old_base, Py_ssize_t ctl_len) except -1
+    cdef int _finish_msg(self, const unsigned char* msg) except -1
+    cdef int process_msg(self, const unsigned char* msg) except -1
+    cdef tuple current_message(self, const unsigned char* msg)
+    cdef Py_ssize_t _line_limit(self)

@@ -1,0 +1,362 @@
+# cython: language_level=3
+"""The subject trie: step 3 of a message's path.
+
+Before it: the parser has recognised a PUB (or a route's RMSG) and the fan-out core
+(``fanout.pyx``) asks ``Sublist.match(subject)`` who is interested.  After it: the
+fan-out core appends a frame to each subscriber's outbound buffer and picks one
+member of each queue group.
+
+Subjects are split on ``.`` into tokens; each level of the trie maps literal tokens
+to nodes and keeps the ``*`` (one token) and ``>`` (one or more trailing tokens)
+nodes apart, so a match walks one path per wildcard instead of every subscription.
+Validity follows nats-server (server/sublist.go IsValidSubject): no empty tokens,
+``>`` only as the last token, no whitespace inside a token; a ``*`` or ``>`` that is
+part of a longer token is a literal character.
+
+Matches are cached per subject; inserting or removing a subscription drops exactly
+the cached subjects it could change (a literal subscription touches one entry, a
+wildcard one is checked against each cached subject), and bumps ``genid`` so that
+per-connection caches in the fan-out core know to look again.  Results are never
+modified after they are built, so a caller may hold one while the trie changes.
+"""
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+
+_PWC = b"*"
+_FWC = b">"
+
+
+cdef class Subscription:
+    """One interest: a client's SUB, a route's RS+ or an internal subscriber."""
+
+    def __init__(self, bytes subject, bytes queue=None, bytes sid=b"", client=None,
+                 callback=None, long long max_msgs=0, int qweight=1):
+        self.subject = subject
+        self.queue = queue if queue else None
+        self.sid = sid
+        self.client = client
+        self.callback = callback
+        self.max_msgs = max_msgs
+        self.nmsgs = 0
+        self.qweight = qweight
+        self.closed = False
+
+    def __repr__(self):
+        return "Subscription(%r, queue=%r, sid=%r)" % (self.subject, self.queue, self.sid)
+
+
+cdef class SublistResult:
+    def __init__(self, list psubs=None, list qsubs=None):
+        self.psubs = psubs if psubs is not None else []
+        self.qsubs = qsubs if qsubs is not None else []
+
+    def __len__(self):
+        return len(self.psubs) + len(self.qsubs)
+
+
+cdef class _Level:
+    def __cinit__(self):
+        self.nodes = {}
+        self.pwc = None
+        self.fwc = None
+
+    cdef Py_ssize_t num_nodes(self):
+        return len(self.nodes) + (self.pwc is not None) + (self.fwc is not None)
+
+
+cdef class _Node:
+    def __cinit__(self):
+        self.next = None
+        self.psubs = {}
+        self.qsubs = {}
+
+    cdef bint is_empty(self):
+        return not self.psubs and not self.qsubs and \
+            (self.next is None or self.next.num_nodes() == 0)
+
+
+def valid_subject(bytes subject):
+    """True if ``subject`` may be subscribed to (wildcards allowed)."""
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(subject)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(subject), i, start = 0, tl
+    cdef bint seen_fwc = False
+    if n == 0:
+        return False
+    i = 0
+    while i <= n:
+        if i == n or p[i] == c'.':
+            tl = i - start
+            if tl == 0 or seen_fwc:
+                return False
+            if tl == 1 and p[start] == c'>':
+                seen_fwc = True
+            start = i + 1
+        elif p[i] == c' ' or p[i] == c'\t' or p[i] == c'\r' or p[i] == c'\n' or p[i] == c'\f':
+            return False
+        i += 1
+    return True
+
+
+def valid_literal_subject(bytes subject):
+    """True if ``subject`` is valid and has no wildcard tokens (a publish subject)."""
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(subject)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(subject)
+    return literal_ok(p, n) and valid_subject(subject)
+
+
+cdef bint literal_ok(const unsigned char* p, Py_ssize_t n) noexcept nogil:
+    """No empty token and no token that is exactly ``*`` or ``>``."""
+    cdef Py_ssize_t i = 0, start = 0, tl
+    if n == 0:
+        return False
+    while i <= n:
+        if i == n or p[i] == c'.':
+            tl = i - start
+            if tl == 0:
+                return False
+            if tl == 1 and (p[start] == c'*' or p[start] == c'>'):
+                return False
+            start = i + 1
+        i += 1
+    return True
+
+
+def subject_is_literal(bytes subject):
+    cdef list toks = subject.split(b".")
+    return _PWC not in toks and _FWC not in toks
+
+
+cpdef bint subject_matches(bytes pattern, bytes subject):
+    """True if the literal ``subject`` is matched by ``pattern`` (which may have wildcards)."""
+    cdef list pt = pattern.split(b".")
+    cdef list st = subject.split(b".")
+    cdef Py_ssize_t i, np = len(pt), ns = len(st)
+    for i in range(np):
+        tok = pt[i]
+        if tok == _FWC and i == np - 1:
+            return ns > i
+        if i >= ns:
+            return False
+        if tok != _PWC and tok != st[i]:
+            return False
+    return np == ns
+
+
+cdef void _add_node(_Node node, list psubs, dict groups):
+    cdef list g
+    if node.psubs:
+        psubs.extend(node.psubs)
+    if node.qsubs:
+        for q, members in (<dict>node.qsubs).items():
+            g = groups.get(q)
+            if g is None:
+                groups[q] = list(members)
+            else:
+                g.extend(members)
+
+
+cdef void _match_level(_Level level, list toks, Py_ssize_t i, list psubs, dict groups):
+    cdef _Node n = None
+    cdef _Node pwc = None
+    cdef Py_ssize_t ntoks = len(toks)
+    while i < ntoks:
+        if level is None:
+            return
+        if level.fwc is not None:
+            _add_node(level.fwc, psubs, groups)
+        pwc = level.pwc
+        if pwc is not None:
+            _match_level(pwc.next, toks, i + 1, psubs, groups)
+        n = level.nodes.get(toks[i])
+        level = n.next if n is not None else None
+        i += 1
+    if n is not None:
+        _add_node(n, psubs, groups)
+    if pwc is not None:
+        _add_node(pwc, psubs, groups)
+
+
+cdef class Sublist:
+    """Subscriptions of one account (or of the server's internal clients)."""
+
+    def __init__(self, Py_ssize_t cache_max=1024):
+        self.root = _Level()
+        self.cache = {}
+        self.genid = 0
+        self.count = 0
+        self.cache_max = cache_max
+        self.matches = 0
+        self.cache_hits = 0
+        self.inserts = 0
+        self.removes = 0
+
+    cpdef insert(self, Subscription sub):
+        """Add ``sub``; raises ValueError for an invalid subject."""
+        cdef list toks
+        cdef _Level level = self.root
+        cdef _Node node = None
+        cdef Py_ssize_t i, nt
+        cdef bint literal = True
+        cdef dict members
+        if not valid_subject(sub.subject):
+            raise ValueError("invalid subject %r" % sub.subject)
+        toks = sub.subject.split(b".")
+        nt = len(toks)
+        for i in range(nt):
+            tok = toks[i]
+            if tok == _PWC:
+                literal = False
+                if level.pwc is None:
+                    level.pwc = _Node()
+                node = level.pwc
+            elif tok == _FWC:
+                literal = False
+                if level.fwc is None:
+                    level.fwc = _Node()
+                node = level.fwc
+            else:
+                node = level.nodes.get(tok)
+                if node is None:
+                    node = _Node()
+                    level.nodes[tok] = node
+            if i < nt - 1:
+                if node.next is None:
+                    node.next = _Level()
+                level = node.next
+        if sub.queue is None:
+            if sub in node.psubs:
+                return
+            node.psubs[sub] = None
+        else:
+            members = node.qsubs.get(sub.queue)
+            if members is None:
+                members = {}
+                node.qsubs[sub.queue] = members
+            if sub in members:
+                return
+            members[sub] = None
+        self.count += 1
+        self.inserts += 1
+        self._invalidate(sub.subject, literal)
+
+    cpdef bint remove(self, Subscription sub):
+        """Remove ``sub``; False if it was not there."""
+        cdef list toks, path = []
+        cdef _Level level = self.root
+        cdef _Node node = None
+        cdef bint literal = True
+        cdef dict members
+        cdef Py_ssize_t i
+        try:
+            toks = sub.subject.split(b".")
+        except AttributeError:
+            return False
+        for tok in toks:
+            if level is None:
+                return False
+            if tok == _PWC:
+                literal = False
+                node = level.pwc
+            elif tok == _FWC:
+                literal = False
+                node = level.fwc
+            else:
+                node = level.nodes.get(tok)
+            if node is None:
+                return False
+            path.append((level, node, tok))
+            level = node.next
+        if sub.queue is None:
+            if sub not in node.psubs:
+                return False
+            del node.psubs[sub]
+        else:
+            members = node.qsubs.get(sub.queue)
+            if members is None or sub not in members:
+                return False
+            del members[sub]
+            if not members:
+                del node.qsubs[sub.queue]
+        # Prune the nodes this removal left empty, deepest first.
+        for i in range(len(path) - 1, -1, -1):
+            level, node, tok = path[i]
+            if not node.is_empty():
+                break
+            if tok == _PWC:
+                (<_Level>level).pwc = None
+            elif tok == _FWC:
+                (<_Level>level).fwc = None
+            else:
+                del (<_Level>level).nodes[tok]
+        self.count -= 1
+        self.removes += 1
+        self._invalidate(sub.subject, literal)
+        return True
+
+    cdef void _invalidate(self, bytes subject, bint literal):
+        self.genid += 1
+        if not self.cache:
+            return
+        if literal:
+            self.cache.pop(subject, None)
+            return
+        stale = [s for s in self.cache if subject_matches(subject, s)]
+        for s in stale:
+            del self.cache[s]
+
+    cpdef SublistResult match(self, bytes subject):
+        """Everything interested in the literal ``subject``."""
+        cdef SublistResult r
+        cdef list psubs
+        cdef dict groups
+        cdef Py_ssize_t k
+        self.matches += 1
+        r = self.cache.get(subject)
+        if r is not None:
+            self.cache_hits += 1
+            return r
+        psubs = []
+        groups = {}
+        _match_level(self.root, subject.split(b"."), 0, psubs, groups)
+        r = SublistResult(psubs, list(groups.values()))
+        if len(self.cache) >= self.cache_max:
+            # Drop the oldest quarter rather than everything: hot subjects that are
+            # re-added stay cheap (nats-server prunes its cache in the same spirit).
+            for k, s in enumerate(list(self.cache)):
+                if k >= self.cache_max // 4:
+                    break
+                del self.cache[s]
+        self.cache[subject] = r
+        return r
+
+    def subscriptions(self):
+        """Every subscription, in no particular order (for monitoring and route sync)."""
+        out = []
+        stack = [self.root]
+        while stack:
+            level = <_Level>stack.pop()
+            nodes = list(level.nodes.values())
+            if level.pwc is not None:
+                nodes.append(level.pwc)
+            if level.fwc is not None:
+                nodes.append(level.fwc)
+            for node in nodes:
+                out.extend((<_Node>node).psubs)
+                for members in (<_Node>node).qsubs.values():
+                    out.extend(members)
+                if (<_Node>node).next is not None:
+                    stack.append((<_Node>node).next)
+        return out
+
+    def cache_size(self):
+        return len(self.cache)
+
+    def stats(self):
+        """Counters with nats-server's /subsz names."""
+        return {
+            "num_subscriptions": self.count,
+            "num_cache": len(self.cache),
+            "num_inserts": self.inserts,
+            "num_removes": self.removes,
+            "num_matches": self.matches,
+            "cache_hit_rate": (self.cache_hits / self.matches) if self.matches else 0.0,
+        }
