@@ -1,0 +1,172 @@
+"""``natsjs-server``: the command line, with nats-server's flags.
+
+Flags and the optional configuration file become one frozen ``ServerOptions``
+(flags win over the file, as in nats-server); then a ``Server`` runs under trio
+until SIGINT/SIGTERM.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+import trio
+
+from natsjs import NATS_VERSION, __version__
+from natsjs.log import Logger
+from natsjs.options import ServerOptions
+
+USAGE = """\
+Usage: natsjs-server [options]
+
+Server Options:
+    -a, --addr, --net <host>         Bind to host address (default: 0.0.0.0)
+    -p, --port <port>                Use port for clients (default: 4222; -1 picks a free port)
+    -n, --name
+        --server_name <server_name>  Server name (default: auto)
+    -P, --pid <file>                 File to store PID
+    -m, --http_port <port>           Use port for http monitoring
+    -c, --config <file>              Configuration file
+    -t                               Test configuration and exit
+        --max_payload <size>         Maximum message payload in bytes (default: 1MB)
+
+Logging Options:
+    -l, --log <file>                 File to redirect log output
+    -T, --logtime                    Timestamp log entries (default: true)
+        --logtime_utc                Timestamps in UTC instead of local timezone
+    -D, --debug                      Enable debugging output
+    -V, --trace                      Trace the raw protocol
+    -DV                              Debug and trace
+
+Common Options:
+    -h, --help                       Show this message
+    -v, --version                    Show version
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # nats-server prints the usage and exits 1
+        sys.stderr.write("natsjs-server: %s\n%s" % (message, USAGE))
+        raise SystemExit(1)
+
+
+def _bool(v: str) -> bool:
+    return v.lower() in ("1", "true", "yes", "on", "t", "y")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="natsjs-server", add_help=False, usage=argparse.SUPPRESS)
+    p.add_argument("-a", "--addr", "--net", "-addr", "-net", dest="host")
+    p.add_argument("-p", "--port", "-port", dest="port", type=int)
+    p.add_argument("-n", "--name", "--server_name", "-name", "-server_name", dest="server_name")
+    p.add_argument("-P", "--pid", "-pid", dest="pid_file")
+    p.add_argument("-m", "--http_port", "-http_port", dest="http_port", type=int)
+    p.add_argument("-c", "--config", "-config", dest="config_file")
+    p.add_argument("-t", dest="test_config", action="store_true")
+    p.add_argument("--max_payload", "-max_payload", dest="max_payload")
+    p.add_argument("-l", "--log", "-log", dest="log_file")
+    p.add_argument("-T", "--logtime", "-logtime", dest="logtime", nargs="?", const="true")
+    p.add_argument("--logtime_utc", "-logtime_utc", dest="logtime_utc", action="store_true",
+                   default=None)
+    p.add_argument("-D", "--debug", "-debug", dest="debug", action="store_true", default=None)
+    p.add_argument("-V", "--trace", "-trace", dest="trace", action="store_true", default=None)
+    p.add_argument("-DV", dest="debug_trace", action="store_true")
+    p.add_argument("-h", "--help", "-help", dest="help", action="store_true")
+    p.add_argument("-v", "--version", "-version", dest="version", action="store_true")
+    return p
+
+
+def options_from_args(argv: list[str]) -> tuple[ServerOptions, argparse.Namespace]:
+    """Parse flags (and the config file they name) into options."""
+    ns = build_parser().parse_args(argv)
+    opts = ServerOptions()
+    if ns.config_file:
+        from natsjs.config import load_config
+        opts = load_config(ns.config_file, opts)
+    changes = {}
+    for key in ("host", "port", "server_name", "pid_file", "http_port", "log_file",
+                "logtime_utc", "debug", "trace"):
+        value = getattr(ns, key)
+        if value is not None:
+            changes[key] = value
+    if ns.debug_trace:
+        changes["debug"] = True
+        changes["trace"] = True
+    if ns.logtime is not None:
+        changes["logtime"] = _bool(ns.logtime)
+    if ns.max_payload is not None:
+        from natsjs.config import parse_size
+        changes["max_payload"] = parse_size(ns.max_payload)
+    opts = opts.replace(**changes)
+    opts.validate()
+    return opts, ns
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        opts, ns = options_from_args(argv)
+    except SystemExit:
+        raise
+    except Exception as exc:
+        sys.stderr.write("natsjs-server: %s\n" % exc)
+        return 1
+    if ns.help:
+        sys.stdout.write(USAGE)
+        return 0
+    if ns.version:
+        sys.stdout.write("natsjs-server: v%s (NATS %s)\n" % (__version__, NATS_VERSION))
+        return 0
+    if ns.test_config:
+        sys.stderr.write("natsjs-server: configuration file %s is valid\n" % (ns.config_file or ""))
+        return 0
+    log = Logger(debug=opts.debug, trace=opts.trace, logtime=opts.logtime,
+                 utc=opts.logtime_utc, path=opts.log_file)
+    try:
+        return trio.run(_run, opts, log)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        log.close()
+
+
+async def _run(opts: ServerOptions, log: Logger) -> int:
+    from natsjs.server import Server
+    server = Server(opts, log)
+    if opts.pid_file:
+        try:
+            with open(opts.pid_file, "w") as f:
+                f.write(str(os.getpid()))
+        except OSError as exc:
+            log.fatal("Could not write pidfile: %s", exc)
+            return 1
+    try:
+        async with trio.open_nursery() as nursery:
+            try:
+                await nursery.start(server.run)
+            except OSError as exc:
+                log.fatal("Error listening on port: %s:%d, %r", opts.host, opts.port,
+                          exc.strerror or str(exc))
+                nursery.cancel_scope.cancel()
+                return 1
+            nursery.start_soon(_signals, server)
+    finally:
+        if opts.pid_file:
+            try:
+                os.unlink(opts.pid_file)
+            except OSError:
+                pass
+    return 0
+
+
+async def _signals(server) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            server.log.debug("Trapped %r signal", signal.Signals(signum).name)
+            server.shutdown()
+            return
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,415 @@
+"""A client connection: steps 1 and 5 of a message's path.
+
+Step 1, the read loop: bytes from the socket go to the Cython core
+(``ClientCore.feed``, natsjs/_core/fanout.pyx), which parses them and appends the
+resulting frames to the outbound buffers of the subscribers.  Step 5, after each
+read batch: every connection written to is flushed once (``Server.flush_pcd``) --
+straight from the reader with one non-blocking ``send`` when its socket has room,
+else by waking that connection's write loop, which waits for the socket under the
+write deadline.
+
+Control operations (CONNECT, SUB, UNSUB, PING, PONG) come back from the core as
+``_on_op`` calls; they are rare enough to live in Python.
+
+The socket is a plain non-blocking socket driven with ``trio.lowlevel``'s
+``wait_readable``/``wait_writable``: the same readiness model trio's own sockets
+use, without their per-call wrapper costs on the hot path.
+"""
+from __future__ import annotations
+
+import json
+import socket
+from typing import TYPE_CHECKING
+
+import trio
+
+from natsjs._core import parser as P
+from natsjs._core.fanout import ClientCore
+from natsjs._core.parser import ProtocolError
+from natsjs._core.sublist import Subscription
+
+if TYPE_CHECKING:  # pragma: no cover
+    from natsjs.server import Server
+
+# Read buffer sizes: start small, grow while reads fill the buffer, shrink when idle
+# (nats-server does the same between 512 B and 64 KB, server/client.go readLoop).
+MIN_READ = 512
+MAX_READ = 65536
+# A producer waits at most this long per read batch for a consumer that is falling
+# behind (server/client.go stallClientMaxDuration).
+STALL_WAIT = 0.005
+
+CLIENT_PROTO_INFO = 1
+
+# Reasons a connection closed, as nats-server names them in /connz.
+CLIENT_CLOSED = "Client Closed"
+SLOW_CONSUMER_PENDING = "Slow Consumer (Pending Bytes)"
+SLOW_CONSUMER_DEADLINE = "Slow Consumer (Write Deadline)"
+STALE_CONNECTION = "Stale Connection"
+PROTOCOL_VIOLATION = "Protocol Violation"
+MAX_PAYLOAD_EXCEEDED = "Maximum Message Payload Exceeded"
+MAX_CONTROL_LINE_EXCEEDED = "Maximum Control Line Exceeded"
+READ_ERROR = "Read Error"
+WRITE_ERROR = "Write Error"
+SERVER_SHUTDOWN = "Server Shutdown"
+MAX_CONNECTIONS = "Maximum Connections Exceeded"
+
+
+class Client:
+    """One client connection, owned by the server's nursery."""
+
+    def __init__(self, server: "Server", sock: socket.socket, cid: int, addr):
+        self.server = server
+        self.sock = sock
+        self.cid = cid
+        self.host, self.port = addr[0], addr[1]
+        opts = server.opts
+        self.core = ClientCore(
+            self._on_op, self, server.account.sublist,
+            opts.max_control_line, opts.max_payload, opts.max_pending)
+        self.subs: dict[bytes, Subscription] = {}
+        self.name = ""
+        self.lang = ""
+        self.version = ""
+        self.protocol = 0
+        self.connect_received = False
+        self.first_pong_sent = False
+        self.pings_out = 0
+        self.write_blocked = False
+        self._wake = trio.lowlevel.ParkingLot()
+        self._drained = trio.lowlevel.ParkingLot()
+        self._scope: trio.CancelScope | None = None
+        self.closed_reason: str | None = None
+        self.start = trio.current_time()
+        self.last_activity = self.start
+        self.log_prefix = "%s:%d - cid:%d - " % (self.host, self.port, cid)
+        if server.log.trace_enabled:
+            self.core.on_trace = self._trace_in
+
+    # ---- lifecycle -------------------------------------------------------------
+
+    async def run(self) -> None:
+        log = self.server.log
+        log.debug(self.log_prefix + "Client connection created")
+        try:
+            with trio.CancelScope() as scope:
+                self._scope = scope
+                self.send(self.server.client_info_line(self))
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write_loop)
+                    nursery.start_soon(self._ping_loop)
+                    await self._read_loop()
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._teardown()
+
+    def close(self, reason: str, err: str | None = None) -> None:
+        """Close from any task: queue ``-ERR`` if given, flush what we can, cancel."""
+        if self.closed_reason is not None:
+            return
+        self.closed_reason = reason
+        if err is not None:
+            self.core.enqueue(b"-ERR '%s'\r\n" % err.encode())
+        self.core.closed = True
+        self._try_send()
+        if self._scope is not None:
+            self._scope.cancel()
+        self._drained.unpark_all()
+
+    def _teardown(self) -> None:
+        if self.closed_reason is None:
+            self.closed_reason = CLIENT_CLOSED
+        self.core.closed = True
+        sublist = self.server.account.sublist
+        for sub in self.subs.values():
+            sub.closed = True
+            sublist.remove(sub)
+        self.subs.clear()
+        self._drained.unpark_all()
+        try:
+            trio.lowlevel.notify_closing(self.sock)
+        except Exception:
+            pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        self.server.remove_client(self)
+        self.server.log.debug(self.log_prefix + "%s connection closed: %s",
+                              "Client", self.closed_reason)
+
+    # ---- reading ---------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        sock = self.sock
+        core = self.core
+        server = self.server
+        size = MIN_READ
+        buf = bytearray(size)
+        view = memoryview(buf)
+        while True:
+            try:
+                n = sock.recv_into(buf)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            except OSError:
+                self.close(READ_ERROR)
+                return
+            if n == 0:
+                self.close(CLIENT_CLOSED)
+                return
+            self.last_activity = trio.current_time()
+            try:
+                core.feed(view[:n])
+            except ProtocolError as exc:
+                server.flush_pcd(core)
+                self._protocol_error(exc)
+                return
+            except Exception as exc:  # a bug must cost one connection, not the server
+                server.flush_pcd(core)
+                server.log.error(self.log_prefix + "internal error: %r", exc)
+                self.close(PROTOCOL_VIOLATION)
+                return
+            server.flush_pcd(core)
+            if core.closed:
+                return
+            stalled = core.stalled
+            if stalled is not None:
+                core.stalled = None
+                await stalled.conn.wait_drained(STALL_WAIT)
+            else:
+                await trio.lowlevel.checkpoint()
+            if n == size and size < MAX_READ:
+                size *= 2
+                buf = bytearray(size)
+                view = memoryview(buf)
+            elif n < size // 2 and size > MIN_READ:
+                size //= 2
+                buf = bytearray(size)
+                view = memoryview(buf)
+
+    def _protocol_error(self, exc: ProtocolError) -> None:
+        err = exc.client_error
+        self.server.log.error(self.log_prefix + "%s", exc)
+        if err == P.ERR_MAX_PAYLOAD:
+            reason = MAX_PAYLOAD_EXCEEDED
+        elif err == P.ERR_MAX_CONTROL_LINE:
+            reason = MAX_CONTROL_LINE_EXCEEDED
+        else:
+            reason = PROTOCOL_VIOLATION
+        self.close(reason, err)
+
+    def _trace_in(self, line: bytes) -> None:
+        self.server.log.trace(self.log_prefix + "<<- [%s]", line.decode("utf-8", "replace"))
+
+    # ---- writing ---------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Queue protocol bytes and flush them now if the socket has room."""
+        self.core.enqueue(data)
+        self.flush()
+
+    def flush(self) -> None:
+        """Called once per read batch for every connection written to."""
+        if not self.write_blocked:
+            self._try_send()
+
+    def _try_send(self) -> None:
+        out = self.core.out
+        if not out or self.write_blocked:
+            return
+        try:
+            n = self.sock.send(out)
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            del out[:]
+            self.close(WRITE_ERROR)
+            return
+        if n:
+            del out[:n]
+        if out:
+            self.write_blocked = True
+            self._wake.unpark()
+
+    async def _write_loop(self) -> None:
+        sock = self.sock
+        out = self.core.out
+        deadline = self.server.opts.write_deadline
+        while True:
+            if not self.write_blocked:
+                await self._wake.park()
+            while out:
+                with trio.move_on_after(deadline) as cs:
+                    await trio.lowlevel.wait_writable(sock)
+                if cs.cancelled_caught:
+                    self.server.note_slow_consumer(self)
+                    self.server.log.info(
+                        self.log_prefix + "Slow Consumer Detected: WriteDeadline of %gs exceeded "
+                        "with %d chunks of %d total bytes.", deadline, 1, len(out))
+                    del out[:]
+                    self.close(SLOW_CONSUMER_DEADLINE)
+                    return
+                try:
+                    n = sock.send(out)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    del out[:]
+                    self.close(WRITE_ERROR)
+                    return
+                del out[:n]
+            self.write_blocked = False
+            self._drained.unpark_all()
+
+    async def wait_drained(self, timeout: float) -> None:
+        """Let a producer wait (briefly) for this connection to catch up."""
+        if self.write_blocked and self.closed_reason is None:
+            with trio.move_on_after(timeout):
+                await self._drained.park()
+
+    # ---- events from the core ----------------------------------------------------
+
+    def slow_consumer(self) -> None:
+        """The core found our pending output over max_pending."""
+        self.server.note_slow_consumer(self)
+        self.server.log.info(self.log_prefix + "Slow Consumer Detected: MaxPending of %d Exceeded",
+                             self.core.max_pending)
+        del self.core.out[:]
+        self.close(SLOW_CONSUMER_PENDING)
+
+    def auto_unsubscribe(self, sub: Subscription) -> None:
+        """A subscription reached its UNSUB max."""
+        if self.subs.get(sub.sid) is sub:
+            del self.subs[sub.sid]
+        sub.closed = True
+        self.server.account.sublist.remove(sub)
+
+    # ---- control operations --------------------------------------------------------
+
+    def _on_op(self, op: int, args: bytes) -> None:
+        if op == P.PING:
+            self._process_ping()
+        elif op == P.PONG:
+            self.pings_out = 0
+        elif op == P.SUB:
+            self._process_sub(args)
+        elif op == P.UNSUB:
+            self._process_unsub(args)
+        elif op == P.CONNECT:
+            self._process_connect(args)
+        elif op in (P.INFO, P.OK, P.ERR):
+            pass  # a client has nothing to tell us with these; nats-server ignores them
+        else:
+            raise ProtocolError("unexpected operation %d" % op, P.ERR_UNKNOWN_OP)
+
+    def _ok(self) -> None:
+        if self.core.verbose:
+            self.core.enqueue(b"+OK\r\n")
+            self._mark_pending()
+
+    def _mark_pending(self) -> None:
+        # Flushed with the rest of the read batch.
+        core = self.core
+        if not core.pending:
+            core.pending = True
+            core.pcd.append(core)
+
+    def _process_connect(self, args: bytes) -> None:
+        try:
+            opts = json.loads(args)
+            if not isinstance(opts, dict):
+                raise ValueError("CONNECT arguments are not a JSON object")
+        except ValueError as exc:
+            raise ProtocolError("processConnect: %s" % exc) from None
+        core = self.core
+        core.verbose = bool(opts.get("verbose", core.verbose))
+        core.pedantic = bool(opts.get("pedantic", core.pedantic))
+        core.echo = bool(opts.get("echo", core.echo))
+        core.headers = bool(opts.get("headers", core.headers))
+        core.no_responders = bool(opts.get("no_responders", core.no_responders))
+        self.name = str(opts.get("name", "") or "")
+        self.lang = str(opts.get("lang", "") or "")
+        self.version = str(opts.get("version", "") or "")
+        try:
+            self.protocol = int(opts.get("protocol", 0) or 0)
+        except (TypeError, ValueError):
+            self.protocol = -1
+        self.connect_received = True
+        if self.protocol < 0 or self.protocol > CLIENT_PROTO_INFO:
+            self.close(PROTOCOL_VIOLATION, "invalid client protocol")
+            return
+        if core.no_responders and not core.headers:
+            self.close(PROTOCOL_VIOLATION, "no responders requires headers support")
+            return
+        self._ok()
+
+    def _process_ping(self) -> None:
+        self.core.enqueue(b"PONG\r\n")
+        self._mark_pending()
+        # The first PING after CONNECT from a client that understands async INFO
+        # gets an INFO with connect_info (server/client.go processPing).
+        if self.connect_received and not self.first_pong_sent:
+            self.first_pong_sent = True
+            if self.protocol >= CLIENT_PROTO_INFO:
+                self.core.enqueue(self.server.client_info_line(self, connect_info=True))
+
+    def _process_sub(self, args: bytes) -> None:
+        parts = args.split()
+        if len(parts) == 2:
+            subject, queue, sid = parts[0], None, parts[1]
+        elif len(parts) == 3:
+            subject, queue, sid = parts
+        else:
+            raise ProtocolError("processSub Parse Error: %r" % args)
+        if sid in self.subs:
+            self._ok()
+            return
+        sub = Subscription(subject, queue, sid, self.core)
+        try:
+            self.server.account.sublist.insert(sub)
+        except ValueError:
+            self.core.enqueue(b"-ERR 'Invalid Subject'\r\n")
+            self._mark_pending()
+            return
+        self.subs[sid] = sub
+        self._ok()
+
+    def _process_unsub(self, args: bytes) -> None:
+        parts = args.split()
+        if len(parts) == 1:
+            sid, max_msgs = parts[0], 0
+        elif len(parts) == 2:
+            sid = parts[0]
+            try:
+                max_msgs = int(parts[1])
+            except ValueError:
+                raise ProtocolError("processUnsub Parse Error: %r" % args) from None
+        else:
+            raise ProtocolError("processUnsub Parse Error: %r" % args)
+        sub = self.subs.get(sid)
+        if sub is not None:
+            if max_msgs > 0 and sub.nmsgs < max_msgs:
+                sub.max_msgs = max_msgs
+            else:
+                self.auto_unsubscribe(sub)
+        self._ok()
+
+    # ---- keepalive ---------------------------------------------------------------
+
+    async def _ping_loop(self) -> None:
+        opts = self.server.opts
+        while True:
+            await trio.sleep(opts.ping_interval)
+            if self.pings_out + 1 > opts.max_pings_out:
+                self.server.log.debug(self.log_prefix + "Stale Client Connection - Closing")
+                self.close(STALE_CONNECTION, "Stale Connection")
+                return
+            self.pings_out += 1
+            self.send(b"PING\r\n")
+
+    # ---- monitoring --------------------------------------------------------------
+
+    def pending_bytes(self) -> int:
+        return len(self.core.out)

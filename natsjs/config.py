@@ -1,0 +1,101 @@
+"""Configuration file -> ``ServerOptions``.
+
+``natsjs/conf.py`` reads the NATS configuration format into plain values; this
+module turns the top-level keys nats-server knows into typed options (server/opts.go
+processConfigFileLine), warning about keys it does not know.  Blocks for features
+that later issues implement (cluster, jetstream, accounts, authorization, tls) are
+accepted here so that the documented configurations load.
+"""
+from __future__ import annotations
+
+from natsjs import conf
+from natsjs.options import ServerOptions
+
+
+def parse_size(value) -> int:
+    """``1048576``, ``"1MB"``, ``"64MiB"`` -> bytes, with the config format's suffix rules."""
+    if isinstance(value, bool):
+        raise ValueError("invalid size %r" % value)
+    if isinstance(value, int):
+        return value
+    parsed = conf.parse("v: %s" % str(value).strip()).get("v")
+    if isinstance(parsed, bool) or not isinstance(parsed, int):
+        raise ValueError("invalid size %r" % value)
+    return parsed
+
+
+def parse_duration(value) -> float:
+    """A Go duration string, or a number of seconds (as nats-server's opts.go)."""
+    return conf.to_duration(value)
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, _, port = str(value).rpartition(":")
+    return host, int(port)
+
+
+# Keys accepted now but implemented by later issues (or needing nothing here).
+_LATER = {"cluster", "jetstream", "accounts", "authorization", "tls", "system_account",
+          "no_auth_user", "leafnodes", "gateway", "websocket", "mqtt", "lame_duck_duration",
+          "lame_duck_grace_period", "server_tags", "http_base_path", "operator", "resolver"}
+
+
+def options_from_mapping(conf: dict, base: ServerOptions, warn=None,
+                         path: str = "") -> ServerOptions:
+    changes: dict = {}
+    for key, value in conf.items():
+        k = key.lower()
+        if k in ("port",):
+            changes["port"] = int(value)
+        elif k in ("host", "net", "addr"):
+            changes["host"] = str(value)
+        elif k == "listen":
+            host, port = _listen(value)
+            if host:
+                changes["host"] = host
+            changes["port"] = port
+        elif k in ("server_name",):
+            changes["server_name"] = str(value)
+        elif k in ("http_port", "monitor_port"):
+            changes["http_port"] = int(value)
+        elif k == "http":
+            host, port = _listen(value)
+            if host:
+                changes["http_host"] = host
+            changes["http_port"] = port
+        elif k == "max_payload":
+            changes["max_payload"] = parse_size(value)
+        elif k == "max_pending":
+            changes["max_pending"] = parse_size(value)
+        elif k in ("max_control_line",):
+            changes["max_control_line"] = parse_size(value)
+        elif k in ("max_connections", "max_conn"):
+            changes["max_connections"] = int(value)
+        elif k == "ping_interval":
+            changes["ping_interval"] = parse_duration(value)
+        elif k == "ping_max":
+            changes["max_pings_out"] = int(value)
+        elif k == "write_deadline":
+            changes["write_deadline"] = parse_duration(value)
+        elif k == "debug":
+            changes["debug"] = bool(value)
+        elif k == "trace":
+            changes["trace"] = bool(value)
+        elif k == "logtime":
+            changes["logtime"] = bool(value)
+        elif k == "logtime_utc":
+            changes["logtime_utc"] = bool(value)
+        elif k in ("log_file", "logfile"):
+            changes["log_file"] = str(value)
+        elif k in ("pid_file", "pidfile"):
+            changes["pid_file"] = str(value)
+        elif k in _LATER:
+            continue
+        elif warn is not None:
+            warn("%s: unknown field %r" % (path or "config", key))
+    return base.replace(config_file=path, **changes)
+
+
+def load_config(path: str, base: ServerOptions | None = None, warn=None) -> ServerOptions:
+    data = conf.parse_file(path)
+    return options_from_mapping(data, base or ServerOptions(), warn, path)

@@ -1,0 +1,62 @@
+"""Typed, frozen server options.
+
+Command-line flags (natsjs/cli.py) and configuration files (natsjs/conf.py) are
+turned into one ``ServerOptions`` before the server starts; nothing else reads raw
+flags or config dictionaries.  Defaults are nats-server's (server/const.go).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+DEFAULT_PORT = 4222
+DEFAULT_HOST = "0.0.0.0"
+MAX_CONTROL_LINE_SIZE = 4096
+MAX_PAYLOAD_SIZE = 1024 * 1024
+MAX_PAYLOAD_MAX_SIZE = 8 * 1024 * 1024
+MAX_PENDING_SIZE = 64 * 1024 * 1024
+DEFAULT_MAX_CONNECTIONS = 64 * 1024
+DEFAULT_PING_INTERVAL = 120.0
+DEFAULT_PING_MAX_OUT = 2
+DEFAULT_FLUSH_DEADLINE = 10.0
+DEFAULT_AUTH_TIMEOUT = 2.0
+RANDOM_PORT = -1
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    server_name: str = ""
+    http_host: str = ""
+    http_port: int = 0
+    max_payload: int = MAX_PAYLOAD_SIZE
+    max_pending: int = MAX_PENDING_SIZE
+    max_control_line: int = MAX_CONTROL_LINE_SIZE
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    ping_interval: float = DEFAULT_PING_INTERVAL
+    max_pings_out: int = DEFAULT_PING_MAX_OUT
+    write_deadline: float = DEFAULT_FLUSH_DEADLINE
+    debug: bool = False
+    trace: bool = False
+    logtime: bool = True
+    logtime_utc: bool = False
+    log_file: str = ""
+    pid_file: str = ""
+    config_file: str = ""
+
+    def replace(self, **changes) -> "ServerOptions":
+        return dataclasses.replace(self, **changes)
+
+    def validate(self) -> None:
+        """Raise ValueError for option combinations nats-server refuses."""
+        if self.max_payload <= 0:
+            raise ValueError("max_payload must be positive")
+        if self.max_payload > self.max_pending:
+            raise ValueError(
+                "max_payload (%d) cannot be higher than max_pending (%d)"
+                % (self.max_payload, self.max_pending))
+        if self.max_control_line <= 0:
+            raise ValueError("max_control_line must be positive")
+        if not (self.port == RANDOM_PORT or 0 <= self.port <= 65535):
+            raise ValueError("invalid port %d" % self.port)

@@ -1,0 +1,300 @@
+"""The server: owns the listeners, the accounts and every connection.
+
+One root nursery (``Server.run``) holds the accept loop, the monitoring listener and
+one task per connection; cancelling it shuts everything down.  Nothing is global, so
+tests can run several servers in one process.
+
+Where a message goes from here: a client's read loop (natsjs/client.py) feeds the
+Cython core, which queues frames on the subscribers' connections; the read loop then
+calls ``flush_pcd`` so each of those connections is written once per read batch.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import platform
+import secrets
+import socket
+import time
+
+import trio
+
+from natsjs import NATS_VERSION, __version__
+from natsjs._core.sublist import Sublist
+from natsjs.client import MAX_CONNECTIONS, SERVER_SHUTDOWN, Client
+from natsjs.log import Logger
+from natsjs.options import RANDOM_PORT, ServerOptions
+
+PROTO = 1
+# Accept loop back-off on temporary errors such as EMFILE (server/const.go
+# ACCEPT_MIN_SLEEP / ACCEPT_MAX_SLEEP).
+ACCEPT_MIN_SLEEP = 0.010
+ACCEPT_MAX_SLEEP = 1.0
+
+_B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+
+
+def new_server_id() -> str:
+    """A 56-character id that looks like a server nkey (prefix N), as clients expect."""
+    return "N" + "".join(secrets.choice(_B32) for _ in range(55))
+
+
+class Account:
+    """Subject namespace; the configuration/accounts issue fills this out."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.sublist = Sublist()
+
+
+class Server:
+    def __init__(self, opts: ServerOptions, log: Logger | None = None):
+        opts.validate()
+        self.opts = opts
+        self.log = log or Logger(debug=opts.debug, trace=opts.trace, logtime=opts.logtime,
+                                 utc=opts.logtime_utc, path=opts.log_file)
+        self.server_id = new_server_id()
+        self.name = opts.server_name or self.server_id
+        self.account = Account("$G")
+        self.clients: dict[int, Client] = {}
+        self._cid = 0
+        self.total_connections = 0
+        self.slow_consumers = 0
+        # Totals of connections that have closed, so /varz counts survive them.
+        self._closed_in = [0, 0]
+        self._closed_out = [0, 0]
+        self.start_time = time.time()
+        self.port = 0
+        self.http_port = 0
+        self._nursery: trio.Nursery | None = None
+        self._listener: socket.socket | None = None
+        self.ready = trio.Event()
+        self.shutting_down = False
+
+    # ---- running ---------------------------------------------------------------
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        opts = self.opts
+        log = self.log
+        log.info("Starting natsjs-server")
+        log.info("  Version:  %s (NATS feature level %s)", __version__, NATS_VERSION)
+        log.info("  Name:     %s", self.name)
+        log.info("  ID:       %s", self.server_id)
+        if opts.config_file:
+            log.info("Using configuration file: %s", opts.config_file)
+        lsock = self._listen(opts.host, opts.port)
+        self._listener = lsock
+        self.port = lsock.getsockname()[1]
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                if opts.http_port:
+                    from natsjs import monitor
+                    await nursery.start(monitor.serve, self)
+                log.info("Listening for client connections on %s:%d",
+                         _display_host(opts.host), self.port)
+                nursery.start_soon(self._accept_loop, lsock)
+                log.info("Server is ready")
+                self.ready.set()
+                task_status.started(self)
+        finally:
+            lsock.close()
+            log.info("Server Exiting..")
+
+    def shutdown(self) -> None:
+        """Close every connection and listener; ``run`` returns when they are gone."""
+        if self.shutting_down:
+            return
+        self.shutting_down = True
+        self.log.info("Initiating Shutdown...")
+        for c in list(self.clients.values()):
+            c.close(SERVER_SHUTDOWN)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    def _listen(self, host: str, port: int) -> socket.socket:
+        if port == RANDOM_PORT:
+            port = 0
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+        family, _, _, _, addr = infos[0]
+        lsock = socket.socket(family, socket.SOCK_STREAM)
+        lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        lsock.bind(addr)
+        lsock.listen(1024)
+        lsock.setblocking(False)
+        return lsock
+
+    async def _accept_loop(self, lsock: socket.socket) -> None:
+        delay = ACCEPT_MIN_SLEEP
+        while True:
+            try:
+                sock, addr = lsock.accept()
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(lsock)
+                continue
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self.log.error("Temporary Client Accept Error(%s), sleeping %dms",
+                                   exc, int(delay * 1000))
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, ACCEPT_MAX_SLEEP)
+                    continue
+                if self.shutting_down:
+                    return
+                raise
+            delay = ACCEPT_MIN_SLEEP
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._cid += 1
+            client = Client(self, sock, self._cid, addr)
+            if len(self.clients) >= self.opts.max_connections:
+                self.log.error(client.log_prefix + "maximum connections exceeded")
+                client.send(self.client_info_line(client))
+                client.close(MAX_CONNECTIONS, "maximum connections exceeded")
+                sock.close()
+                continue
+            self.clients[client.cid] = client
+            self.total_connections += 1
+            self._nursery.start_soon(client.run)
+
+    # ---- connections -----------------------------------------------------------
+
+    def remove_client(self, client: Client) -> None:
+        if self.clients.pop(client.cid, None) is not None:
+            core = client.core
+            self._closed_in[0] += core.in_msgs
+            self._closed_in[1] += core.in_bytes
+            self._closed_out[0] += core.out_msgs
+            self._closed_out[1] += core.out_bytes
+
+    def note_slow_consumer(self, client: Client) -> None:
+        self.slow_consumers += 1
+
+    @staticmethod
+    def flush_pcd(core) -> None:
+        """Write out every connection the last read batch queued frames for."""
+        for target in core.take_pcd():
+            target.conn.flush()
+
+    def info(self) -> dict:
+        opts = self.opts
+        info = {
+            "server_id": self.server_id,
+            "server_name": self.name,
+            "version": NATS_VERSION,
+            "proto": PROTO,
+            "go": "natsjs",
+            "host": opts.host,
+            "port": self.port,
+            "headers": True,
+            "max_payload": opts.max_payload,
+            "natsjs": __version__,
+        }
+        return info
+
+    def client_info_line(self, client: Client, connect_info: bool = False) -> bytes:
+        info = self.info()
+        info["client_id"] = client.cid
+        info["client_ip"] = client.host
+        if connect_info:
+            info["connect_info"] = True
+            info["remote_account"] = self.account.name
+        return b"INFO " + json.dumps(info, separators=(",", ":")).encode() + b" \r\n"
+
+    # ---- statistics ----------------------------------------------------------
+
+    def totals(self) -> dict:
+        in_msgs, in_bytes = self._closed_in
+        out_msgs, out_bytes = self._closed_out
+        for c in self.clients.values():
+            core = c.core
+            in_msgs += core.in_msgs
+            in_bytes += core.in_bytes
+            out_msgs += core.out_msgs
+            out_bytes += core.out_bytes
+        return {"in_msgs": in_msgs, "in_bytes": in_bytes,
+                "out_msgs": out_msgs, "out_bytes": out_bytes}
+
+    def varz(self) -> dict:
+        opts = self.opts
+        now = time.time()
+        t = self.totals()
+        try:
+            import resource
+            ru = resource.getrusage(resource.RUSAGE_SELF)
+            mem = ru.ru_maxrss * 1024
+            cpu_seconds = ru.ru_utime + ru.ru_stime
+        except Exception:  # pragma: no cover - non-POSIX
+            mem, cpu_seconds = 0, 0.0
+        uptime = now - self.start_time
+        return {
+            "server_id": self.server_id,
+            "server_name": self.name,
+            "version": NATS_VERSION,
+            "natsjs": __version__,
+            "proto": PROTO,
+            "go": "python" + platform.python_version(),
+            "host": opts.host,
+            "port": self.port,
+            "max_connections": opts.max_connections,
+            "ping_interval": int(opts.ping_interval * 1e9),
+            "ping_max": opts.max_pings_out,
+            "http_host": opts.http_host or opts.host,
+            "http_port": self.http_port,
+            "http_base_path": "",
+            "https_port": 0,
+            "auth_timeout": 2,
+            "max_control_line": opts.max_control_line,
+            "max_payload": opts.max_payload,
+            "max_pending": opts.max_pending,
+            "cluster": {},
+            "gateway": {},
+            "leaf": {},
+            "mqtt": {},
+            "websocket": {},
+            "jetstream": {},
+            "tls_timeout": 2,
+            "write_deadline": int(opts.write_deadline * 1e9),
+            "start": _rfc3339(self.start_time),
+            "now": _rfc3339(now),
+            "uptime": _uptime(uptime),
+            "mem": mem,
+            "cores": os.cpu_count() or 1,
+            "gomaxprocs": 1,
+            "cpu": round(100.0 * cpu_seconds / uptime, 2) if uptime > 0 else 0.0,
+            "connections": len(self.clients),
+            "total_connections": self.total_connections,
+            "routes": 0,
+            "remotes": 0,
+            "leafnodes": 0,
+            "in_msgs": t["in_msgs"],
+            "out_msgs": t["out_msgs"],
+            "in_bytes": t["in_bytes"],
+            "out_bytes": t["out_bytes"],
+            "slow_consumers": self.slow_consumers,
+            "subscriptions": self.account.sublist.count,
+            "config_load_time": _rfc3339(self.start_time),
+            "system_account": "$SYS",
+        }
+
+
+def _display_host(host: str) -> str:
+    return host if host else "0.0.0.0"
+
+
+def _rfc3339(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + ".%06dZ" % int((ts % 1) * 1e6)
+
+
+def _uptime(seconds: float) -> str:
+    """nats-server's compact uptime: 1y2d3h4m5s."""
+    s = int(seconds)
+    parts = []
+    for unit, size in (("y", 31536000), ("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            parts.append("%d%s" % (s // size, unit))
+            s %= size
+    parts.append("%ds" % s)
+    return "".join(parts)
