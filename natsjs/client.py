@@ -40,6 +40,8 @@ MAX_READ = 65536
 STALL_WAIT = 0.005
 
 CLIENT_PROTO_INFO = 1
+# How long a connection closed with an -ERR is drained so the client can read it.
+LINGER = 1.0
 
 # Reasons a connection closed, as nats-server names them in /connz.
 CLIENT_CLOSED = "Client Closed"
@@ -80,6 +82,7 @@ class Client:
         self._drained = trio.lowlevel.ParkingLot()
         self._scope: trio.CancelScope | None = None
         self.closed_reason: str | None = None
+        self._linger = False
         self.start = trio.current_time()
         self.last_activity = self.start
         self.log_prefix = "%s:%d - cid:%d - " % (self.host, self.port, cid)
@@ -100,8 +103,40 @@ class Client:
                     nursery.start_soon(self._ping_loop)
                     await self._read_loop()
                     nursery.cancel_scope.cancel()
+            if self._linger:
+                await self._linger_close()
         finally:
             self._teardown()
+
+    async def _linger_close(self) -> None:
+        """After an -ERR, half-close and drain briefly so the client reads the error.
+
+        Closing a socket with unread input makes the kernel send a reset, and a reset
+        can destroy the -ERR before the client reads it (likely when the client is
+        still sending the oversized payload that caused it).
+        """
+        sock = self.sock
+        with trio.move_on_after(LINGER):
+            while self.core.out:
+                await trio.lowlevel.wait_writable(sock)
+                try:
+                    del self.core.out[:sock.send(self.core.out)]
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                return
+            while True:
+                try:
+                    if not sock.recv(65536):
+                        return
+                except BlockingIOError:
+                    await trio.lowlevel.wait_readable(sock)
+                except OSError:
+                    return
 
     def close(self, reason: str, err: str | None = None) -> None:
         """Close from any task: queue ``-ERR`` if given, flush what we can, cancel."""
@@ -110,6 +145,7 @@ class Client:
         self.closed_reason = reason
         if err is not None:
             self.core.enqueue(b"-ERR '%s'\r\n" % err.encode())
+            self._linger = True
         self.core.closed = True
         self._try_send()
         if self._scope is not None:
