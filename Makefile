@@ -69,8 +69,10 @@ micro: build
 profile: build
 ifeq ($(PROFILE_BUILD),1)
 	NATSJS_PROFILE=1 $(PY) setup.py -q build_ext --inplace --force
-	$(PY) -m bench.profile --scenario $(SCENARIO) $(BENCH_TOOLS) $(PROFILE_ARGS); \
+	$(PY) -m bench.profile --scenario $(SCENARIO) --out $(RESULTS)/flame-$(SCENARIO).svg \
+		$(BENCH_TOOLS) $(PROFILE_ARGS); \
 		status=$$?; $(PY) setup.py -q build_ext --inplace --force; exit $$status
 else
-	$(PY) -m bench.profile --scenario $(SCENARIO) $(BENCH_TOOLS) $(PROFILE_ARGS)
+	$(PY) -m bench.profile --scenario $(SCENARIO) --out $(RESULTS)/flame-$(SCENARIO).svg \
+		$(BENCH_TOOLS) $(PROFILE_ARGS)
 endif

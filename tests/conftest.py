@@ -117,32 +117,28 @@ def start_reference(*args: str) -> ServerProcess:
     return ServerProcess([reference_server_binary()] + args, args=args).start()
 
 
-@pytest.fixture
-def natsjs_server():
+def _started(start):
+    """A fixture body: ``make(*args)`` starts servers that are stopped afterwards."""
     servers = []
 
     def make(*args):
-        s = start_natsjs(*args)
+        s = start(*args)
         servers.append(s)
         return s
 
     yield make
     for s in servers:
         s.stop()
+
+
+@pytest.fixture
+def natsjs_server():
+    yield from _started(start_natsjs)
 
 
 @pytest.fixture
 def reference_server():
-    servers = []
-
-    def make(*args):
-        s = start_reference(*args)
-        servers.append(s)
-        return s
-
-    yield make
-    for s in servers:
-        s.stop()
+    yield from _started(start_reference)
 
 
 @pytest.fixture(scope="module")
