@@ -12,7 +12,8 @@ EXTRAS ?= test,bench
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	$(PY) -m pip install -q 'Cython>=3.0' 'setuptools>=65' wheel
+	$(PY) -m pip install -q --no-build-isolation -e '.[$(EXTRAS)]'
 	touch $@
 
 install: $(VENV)/.installed
