@@ -31,6 +31,11 @@ Server Options:
     -t                               Test configuration and exit
         --max_payload <size>         Maximum message payload in bytes (default: 1MB)
 
+Authorization Options:
+        --user <user>                User required for connections
+        --pass <password>            Password required for connections
+        --auth <token>               Authorization token required for connections
+
 Logging Options:
     -l, --log <file>                 File to redirect log output
     -T, --logtime                    Timestamp log entries (default: true)
@@ -65,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--config", "-config", dest="config_file")
     p.add_argument("-t", dest="test_config", action="store_true")
     p.add_argument("--max_payload", "-max_payload", dest="max_payload")
+    p.add_argument("--user", "-user", dest="auth_user")
+    p.add_argument("--pass", "-pass", dest="auth_pass")
+    p.add_argument("--auth", "-auth", dest="auth_token")
     p.add_argument("-l", "--log", "-log", dest="log_file")
     p.add_argument("-T", "--logtime", "-logtime", dest="logtime", nargs="?", const="true")
     p.add_argument("--logtime_utc", "-logtime_utc", dest="logtime_utc", action="store_true",
@@ -98,6 +106,16 @@ def options_from_args(argv: list[str]) -> tuple[ServerOptions, argparse.Namespac
     if ns.max_payload is not None:
         from natsjs.config import parse_size
         changes["max_payload"] = parse_size(ns.max_payload)
+    if ns.auth_user or ns.auth_pass or ns.auth_token:
+        import dataclasses
+        auth = opts.auth
+        if ns.auth_user:
+            auth = dataclasses.replace(auth, username=ns.auth_user)
+        if ns.auth_pass:
+            auth = dataclasses.replace(auth, password=ns.auth_pass)
+        if ns.auth_token:
+            auth = dataclasses.replace(auth, token=ns.auth_token)
+        changes["auth"] = auth
     opts = opts.replace(**changes)
     opts.validate()
     return opts, ns

@@ -27,6 +27,8 @@ from natsjs._core import parser as P
 from natsjs._core.fanout import ClientCore
 from natsjs._core.parser import ProtocolError
 from natsjs._core.sublist import Subscription
+from natsjs.auth import (AUTHENTICATION_TIMEOUT, AUTHORIZATION_VIOLATION, PermissionChecker,
+                         authenticate, new_nonce)
 
 if TYPE_CHECKING:  # pragma: no cover
     from natsjs.server import Server
@@ -55,6 +57,8 @@ READ_ERROR = "Read Error"
 WRITE_ERROR = "Write Error"
 SERVER_SHUTDOWN = "Server Shutdown"
 MAX_CONNECTIONS = "Maximum Connections Exceeded"
+AUTH_VIOLATION_REASON = "Authentication Failure"
+AUTH_TIMEOUT_REASON = "Authentication Timeout"
 
 
 class Client:
@@ -66,9 +70,16 @@ class Client:
         self.cid = cid
         self.host, self.port = addr[0], addr[1]
         opts = server.opts
+        self.account = server.account
         self.core = ClientCore(
-            self._on_op, self, server.account.sublist,
+            self._on_op, self, self.account.sublist,
             opts.max_control_line, opts.max_payload, opts.max_pending)
+        self.auth_required = server.auth_required
+        self.core.connect_required = self.auth_required
+        self.nonce = new_nonce() if opts.auth.has_nkeys or any(
+            u.nkey for a in opts.accounts for u in a.users) else ""
+        self.user = None
+        self.perms: PermissionChecker | None = None
         self.subs: dict[bytes, Subscription] = {}
         self.name = ""
         self.lang = ""
@@ -101,6 +112,8 @@ class Client:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._write_loop)
                     nursery.start_soon(self._ping_loop)
+                    if self.auth_required:
+                        nursery.start_soon(self._auth_timeout)
                     await self._read_loop()
                     nursery.cancel_scope.cancel()
             if self._linger:
@@ -156,7 +169,9 @@ class Client:
         if self.closed_reason is None:
             self.closed_reason = CLIENT_CLOSED
         self.core.closed = True
-        sublist = self.server.account.sublist
+        sublist = self.account.sublist
+        if self.connect_received:
+            self.account.client_count -= 1
         for sub in self.subs.values():
             sub.closed = True
             sublist.remove(sub)
@@ -320,7 +335,7 @@ class Client:
         if self.subs.get(sub.sid) is sub:
             del self.subs[sub.sid]
         sub.closed = True
-        self.server.account.sublist.remove(sub)
+        self.account.sublist.remove(sub)
 
     # ---- control operations --------------------------------------------------------
 
@@ -372,7 +387,10 @@ class Client:
             self.protocol = int(opts.get("protocol", 0) or 0)
         except (TypeError, ValueError):
             self.protocol = -1
+        if self.auth_required and not self._authenticate(opts):
+            return
         self.connect_received = True
+        self.account.client_count += 1
         if self.protocol < 0 or self.protocol > CLIENT_PROTO_INFO:
             self.close(PROTOCOL_VIOLATION, "invalid client protocol")
             return
@@ -380,6 +398,53 @@ class Client:
             self.close(PROTOCOL_VIOLATION, "no responders requires headers support")
             return
         self._ok()
+
+    def _authenticate(self, connect: dict) -> bool:
+        server = self.server
+        user = authenticate(server.opts.auth, server.users_by_account(), connect, self.nonce)
+        if user is None:
+            server.log.error(self.log_prefix + "authentication error%s",
+                             " - User %r" % connect["user"] if connect.get("user") else "")
+            self.close(AUTH_VIOLATION_REASON, AUTHORIZATION_VIOLATION)
+            return False
+        account = server.lookup_account(user.account) if user.account else server.account
+        if account is None:
+            self.close(AUTH_VIOLATION_REASON, AUTHORIZATION_VIOLATION)
+            return False
+        self.user = user
+        self.account = account
+        self.core.sublist = account.sublist
+        self.core.connect_required = False
+        if user.permissions is not None:
+            self.perms = PermissionChecker(user.permissions)
+            if self.perms.checks_publish:
+                self.core.pub_check = self._check_publish
+            if self.perms.response is not None:
+                self.core.on_reply = self.perms.note_reply
+        return True
+
+    def _check_publish(self, subject: bytes) -> bool:
+        if self.perms.can_publish(subject):
+            return True
+        text = "Permissions Violation for Publish to %s" % json.dumps(
+            subject.decode("utf-8", "replace"))
+        self.server.log.error(self.log_prefix + "Publish Violation - %s, Subject %r",
+                              self._user_label(), subject.decode("utf-8", "replace"))
+        self.core.enqueue(b"-ERR '%s'\r\n" % text.encode())
+        self._mark_pending()
+        return False
+
+    def _user_label(self) -> str:
+        u = self.user
+        if u is None:
+            return "User \"\""
+        return "User %r" % (u.username or u.nkey)
+
+    async def _auth_timeout(self) -> None:
+        await trio.sleep(self.server.opts.auth.timeout)
+        if self.user is None:
+            self.server.log.debug(self.log_prefix + "Authentication Timeout")
+            self.close(AUTH_TIMEOUT_REASON, AUTHENTICATION_TIMEOUT)
 
     def _process_ping(self) -> None:
         self.core.enqueue(b"PONG\r\n")
@@ -402,9 +467,21 @@ class Client:
         if sid in self.subs:
             self._ok()
             return
+        if self.perms is not None and not self.perms.can_subscribe(subject, queue):
+            s = json.dumps(subject.decode("utf-8", "replace"))
+            if queue is not None:
+                text = "Permissions Violation for Subscription to %s using queue %s" % (
+                    s, json.dumps(queue.decode("utf-8", "replace")))
+            else:
+                text = "Permissions Violation for Subscription to %s" % s
+            self.server.log.error(self.log_prefix + "Subscription Violation - %s, Subject %r",
+                                  self._user_label(), subject.decode("utf-8", "replace"))
+            self.core.enqueue(b"-ERR '%s'\r\n" % text.encode())
+            self._mark_pending()
+            return
         sub = Subscription(subject, queue, sid, self.core)
         try:
-            self.server.account.sublist.insert(sub)
+            self.account.sublist.insert(sub)
         except ValueError:
             self.core.enqueue(b"-ERR 'Invalid Subject'\r\n")
             self._mark_pending()

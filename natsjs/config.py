@@ -8,7 +8,11 @@ accepted here so that the documented configurations load.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from natsjs import conf
+from natsjs.accounts import check_imports, parse_accounts
+from natsjs.auth import parse_authorization
 from natsjs.options import ServerOptions
 
 
@@ -35,14 +39,14 @@ def _listen(value: str) -> tuple[str, int]:
 
 
 # Keys accepted now but implemented by later issues (or needing nothing here).
-_LATER = {"cluster", "jetstream", "accounts", "authorization", "tls", "system_account",
-          "no_auth_user", "leafnodes", "gateway", "websocket", "mqtt", "lame_duck_duration",
+_LATER = {"cluster", "jetstream", "tls", "leafnodes", "gateway", "websocket", "mqtt", "lame_duck_duration",
           "lame_duck_grace_period", "server_tags", "http_base_path", "operator", "resolver"}
 
 
 def options_from_mapping(conf: dict, base: ServerOptions, warn=None,
                          path: str = "") -> ServerOptions:
     changes: dict = {}
+    no_auth_user = None
     for key, value in conf.items():
         k = key.lower()
         if k in ("port",):
@@ -89,10 +93,29 @@ def options_from_mapping(conf: dict, base: ServerOptions, warn=None,
             changes["log_file"] = str(value)
         elif k in ("pid_file", "pidfile"):
             changes["pid_file"] = str(value)
+        elif k == "authorization":
+            changes["auth"] = parse_authorization(value)
+        elif k == "accounts":
+            accounts = parse_accounts(value)
+            check_imports(accounts)
+            changes["accounts"] = tuple(accounts.values())
+        elif k == "system_account":
+            changes["system_account"] = str(value)
+        elif k == "no_auth_user":
+            no_auth_user = str(value)
+            continue
         elif k in _LATER:
             continue
         elif warn is not None:
             warn("%s: unknown field %r" % (path or "config", key))
+    if no_auth_user is not None:
+        auth = changes.get("auth", base.auth)
+        changes["auth"] = dataclasses.replace(auth, no_auth_user=no_auth_user)
+        users = list(changes["auth"].users) + [
+            u for a in changes.get("accounts", base.accounts) for u in a.users]
+        if not any(u.username == no_auth_user for u in users):
+            raise ValueError("no_auth_user: %r not present as user or nkey in authorization "
+                             "block or account configuration" % no_auth_user)
     return base.replace(config_file=path, **changes)
 
 

@@ -7,7 +7,10 @@ flags or config dictionaries.  Defaults are nats-server's (server/const.go).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from natsjs.accounts import DEFAULT_SYSTEM_ACCOUNT, AccountConfig
+from natsjs.auth import AuthOptions
 
 DEFAULT_PORT = 4222
 DEFAULT_HOST = "0.0.0.0"
@@ -44,6 +47,9 @@ class ServerOptions:
     log_file: str = ""
     pid_file: str = ""
     config_file: str = ""
+    auth: AuthOptions = field(default_factory=AuthOptions)
+    accounts: tuple[AccountConfig, ...] = ()
+    system_account: str = DEFAULT_SYSTEM_ACCOUNT
 
     def replace(self, **changes) -> "ServerOptions":
         return dataclasses.replace(self, **changes)

@@ -21,7 +21,7 @@ import time
 import trio
 
 from natsjs import NATS_VERSION, __version__
-from natsjs._core.sublist import Sublist
+from natsjs.accounts import GLOBAL_ACCOUNT, MAX_IMPORT_HOPS, Account
 from natsjs.client import MAX_CONNECTIONS, SERVER_SHUTDOWN, Client
 from natsjs.log import Logger
 from natsjs.options import RANDOM_PORT, ServerOptions
@@ -40,14 +40,6 @@ def new_server_id() -> str:
     return "N" + "".join(secrets.choice(_B32) for _ in range(55))
 
 
-class Account:
-    """Subject namespace; the configuration/accounts issue fills this out."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.sublist = Sublist()
-
-
 class Server:
     def __init__(self, opts: ServerOptions, log: Logger | None = None):
         opts.validate()
@@ -56,7 +48,20 @@ class Server:
                                  utc=opts.logtime_utc, path=opts.log_file)
         self.server_id = new_server_id()
         self.name = opts.server_name or self.server_id
-        self.account = Account("$G")
+        self.accounts: dict[str, Account] = {GLOBAL_ACCOUNT: Account(GLOBAL_ACCOUNT)}
+        for cfg in opts.accounts:
+            self.accounts[cfg.name] = Account(cfg.name, cfg)
+        if opts.system_account not in self.accounts:
+            self.accounts[opts.system_account] = Account(opts.system_account)
+        self.system_account = self.accounts[opts.system_account]
+        self.system_account.is_system = True
+        for acc in self.accounts.values():
+            acc.wire_imports(self, self.accounts)
+        self.account = self.accounts[GLOBAL_ACCOUNT]
+        self._deliver_depth = 0
+        self._sys_seq = 0
+        from natsjs import sysreq
+        sysreq.install(self)
         self.clients: dict[int, Client] = {}
         self._cid = 0
         self.total_connections = 0
@@ -178,6 +183,67 @@ class Server:
         for target in core.take_pcd():
             target.conn.flush()
 
+    def deliver(self, account: Account, subject: bytes, reply: bytes | None, msg: bytes,
+                hdr: int = -1) -> int:
+        """Publish from server code into ``account``: imports, $SYS replies, services.
+
+        The same matching as a client's PUB, in Python since these paths are not the
+        per-message hot path; each connection written to is flushed once.
+        """
+        if self._deliver_depth >= MAX_IMPORT_HOPS:
+            self.log.warn("dropping message on %r: import chain too deep", subject)
+            return 0
+        self._deliver_depth += 1
+        try:
+            r = account.sublist.match(subject)
+            targets = []
+            n = 0
+            for sub in r.psubs:
+                n += self._deliver_one(sub, subject, reply, msg, hdr, targets)
+            for group in r.qsubs:
+                start = secrets.randbelow(len(group))
+                for k in range(len(group)):
+                    if self._deliver_one(group[(start + k) % len(group)], subject, reply, msg,
+                                         hdr, targets):
+                        n += 1
+                        break
+            for core in targets:
+                core.pending = False
+                if core.conn is not None:
+                    core.conn.flush()
+            return n
+        finally:
+            self._deliver_depth -= 1
+
+    @staticmethod
+    def _deliver_one(sub, subject, reply, msg, hdr, targets) -> int:
+        if sub.closed or (sub.max_msgs and sub.nmsgs >= sub.max_msgs):
+            return 0
+        sub.nmsgs += 1
+        if sub.callback is not None:
+            sub.callback(sub, subject, reply, hdr, msg)
+            return 1
+        core = sub.client
+        if core is None or core.closed:
+            return 0
+        core.send_msg(sub, subject, reply, hdr, msg)
+        if not core.pending:
+            core.pending = True
+            targets.append(core)
+        if sub.max_msgs and sub.nmsgs >= sub.max_msgs and core.conn is not None:
+            core.conn.auto_unsubscribe(sub)
+        return 1
+
+    def lookup_account(self, name: str) -> Account | None:
+        return self.accounts.get(name)
+
+    @property
+    def auth_required(self) -> bool:
+        return self.opts.auth.required or any(a.users for a in self.opts.accounts)
+
+    def users_by_account(self) -> dict:
+        return {a.name: a.users for a in self.opts.accounts}
+
     def info(self) -> dict:
         opts = self.opts
         info = {
@@ -196,11 +262,17 @@ class Server:
 
     def client_info_line(self, client: Client, connect_info: bool = False) -> bytes:
         info = self.info()
+        if self.auth_required:
+            info["auth_required"] = True
         info["client_id"] = client.cid
         info["client_ip"] = client.host
+        if client.nonce:
+            info["nonce"] = client.nonce
         if connect_info:
             info["connect_info"] = True
-            info["remote_account"] = self.account.name
+            info["remote_account"] = client.account.name
+            if client.account.is_system:
+                info["acc_is_sys"] = True
         return b"INFO " + json.dumps(info, separators=(",", ":")).encode() + b" \r\n"
 
     # ---- statistics ----------------------------------------------------------
@@ -274,9 +346,10 @@ class Server:
             "in_bytes": t["in_bytes"],
             "out_bytes": t["out_bytes"],
             "slow_consumers": self.slow_consumers,
-            "subscriptions": self.account.sublist.count,
+            "subscriptions": sum(a.sublist.count - len(a.internal_subs)
+                                 for a in self.accounts.values()),
             "config_load_time": _rfc3339(self.start_time),
-            "system_account": "$SYS",
+            "system_account": self.system_account.name,
         }
 
 

@@ -22,6 +22,7 @@ cdef class Conn(ProtoParser):
                        const unsigned char* msg, Py_ssize_t hdr,
                        Py_ssize_t size) except -1
     cdef int queued(self, Conn producer) except -1
+    cpdef send_msg(self, Subscription sub, bytes subject, bytes reply, Py_ssize_t hdr, bytes msg)
 
 
 cdef class ClientCore(Conn):
@@ -30,6 +31,10 @@ cdef class ClientCore(Conn):
     cdef public bint verbose
     cdef public bint pedantic
     cdef public bint no_responders
+    # Permissions, None for the common unrestricted client: pub_check(subject) -> bool,
+    # on_reply(reply) records reply subjects this client may answer (allow_responses).
+    cdef public object pub_check
+    cdef public object on_reply
     cdef bytes last_subject
     cdef SublistResult last_result
     cdef unsigned long long last_gen

@@ -108,6 +108,16 @@ cdef class Conn(ProtoParser):
                 producer.stalled = self
         return 0
 
+    cpdef send_msg(self, Subscription sub, bytes subject, bytes reply, Py_ssize_t hdr,
+                   bytes msg):
+        """Write one message frame from server code (imports, $SYS replies); no flush."""
+        self.write_msg(sub, <const unsigned char*>PyBytes_AS_STRING(subject),
+                       PyBytes_GET_SIZE(subject),
+                       <const unsigned char*>PyBytes_AS_STRING(reply) if reply is not None else NULL,
+                       PyBytes_GET_SIZE(reply) if reply is not None else -1,
+                       <const unsigned char*>PyBytes_AS_STRING(msg), hdr, PyBytes_GET_SIZE(msg))
+        return None
+
     def take_pcd(self):
         """The connections written to since the last call (each once), and reset."""
         cdef list pcd = self.pcd
@@ -134,6 +144,8 @@ cdef class ClientCore(Conn):
         self.verbose = True
         self.pedantic = True
         self.no_responders = False
+        self.pub_check = None
+        self.on_reply = None
         self.last_subject = None
         self.last_result = None
         self.last_gen = 0
@@ -166,6 +178,9 @@ cdef class ClientCore(Conn):
         if self.pedantic and not literal_ok(self.pa.subject, self.pa.subject_len):
             self.out += b"-ERR 'Invalid Publish Subject'\r\n"
             self.queued(self)
+        if self.pub_check is not None and not self.pub_check(
+                PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len)):
+            return 0
         r = self.lookup(self.pa.subject, self.pa.subject_len)
         for sub in r.psubs:
             delivered += self.deliver(sub, msg)
@@ -261,6 +276,8 @@ cdef class ClientCore(Conn):
         p[1] = c'\n'
         self.out_msgs += 1
         self.out_bytes += size
+        if self.on_reply is not None and rlen > 0:
+            self.on_reply(PyBytes_FromStringAndSize(<const char*>reply, rlen))
         return 0
 
     cdef int no_responders_reply(self) except -1:

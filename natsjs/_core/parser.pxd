@@ -54,6 +54,9 @@ cdef class ProtoParser:
     cdef object on_op
     # Raw control-line tracer (``-V``): on_trace(line_bytes) or None.
     cdef public object on_trace
+    # Authentication pending: every operation but CONNECT is an Authorization
+    # Violation (server/parser.go authErr).
+    cdef public bint connect_required
 
     cpdef feed(self, data)
     cdef int _control(self, const unsigned char* ctl, Py_ssize_t n,

@@ -43,6 +43,7 @@ class ProtocolError(Exception):
 ERR_UNKNOWN_OP = "Unknown Protocol Operation"
 ERR_MAX_PAYLOAD = "Maximum Payload Violation"
 ERR_MAX_CONTROL_LINE = "maximum control line exceeded"
+ERR_AUTH_VIOLATION = "Authorization Violation"
 
 cdef enum:
     OP_START = 0
@@ -125,6 +126,7 @@ cdef class ProtoParser:
         self.payload = bytearray()
         self.on_op = on_op
         self.on_trace = None
+        self.connect_required = False
 
     cpdef feed(self, data):
         """Parse everything in ``data`` (any bytes-like object, any split)."""
@@ -201,6 +203,9 @@ cdef class ProtoParser:
                                 ERR_MAX_CONTROL_LINE)
         if self.on_trace is not None:
             self.on_trace(PyBytes_FromStringAndSize(<const char*>ctl, n))
+        if self.connect_required and not _word_is(ctl, w, "CONNECT", 7):
+            raise ProtocolError("authentication required before %r" % _snippet(ctl, w),
+                                ERR_AUTH_VIOLATION)
         if _word_is(ctl, w, "PUB", 3) and self.kind == CLIENT:
             op = M_PUB
         elif _word_is(ctl, w, "HPUB", 4) and self.kind == CLIENT:

@@ -1,0 +1,282 @@
+"""Accounts: isolated subject namespaces, and the exports/imports that join them.
+
+Each account owns a ``Sublist``; a client bound to an account publishes and subscribes
+in it only, so accounts are isolated by construction.  Imports are wired with
+internal subscriptions (``Subscription.callback``) in the exporting or importing
+account's sublist, so they ride the same match-and-deliver path as client traffic
+(DESIGN.md: internal subscribers are first-class):
+
+* a stream import (B imports ``S`` from A, optionally renamed to ``T``) is one
+  internal subscription on ``S`` in A whose callback delivers into B under ``T``;
+* a service import (B imports service ``S`` from A as ``T``) is an internal
+  subscription on ``T`` in B; a request is re-published in A with a reply subject
+  ``_R_.<id>.<n>`` that A's internal response subscription maps back to the
+  requester's reply in B (one response, as the default ``singleton`` response type;
+  ``stream``/``chunked`` keep the mapping until it expires).
+
+Configuration follows nats-server's ``accounts {}`` block (server/opts.go
+parseAccounts, parseExportStreamOrService, parseImportStreamOrService).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+
+from natsjs._core.sublist import Sublist, Subscription, subject_matches
+from natsjs.auth import AuthConfigError, User, parse_users
+
+GLOBAL_ACCOUNT = "$G"
+DEFAULT_SYSTEM_ACCOUNT = "$SYS"
+# How long a service-import response mapping lives (server/accounts.go DEFAULT_TTL-ish).
+RESPONSE_TTL = 120.0
+# Imports may chain (A -> B -> C); a cycle must not loop forever.
+MAX_IMPORT_HOPS = 8
+
+
+@dataclass(frozen=True)
+class Export:
+    subject: str
+    service: bool
+    accounts: tuple[str, ...] = ()          # empty: public
+    response_type: str = "singleton"
+
+
+@dataclass(frozen=True)
+class Import:
+    account: str
+    subject: str                           # subject in the exporting account
+    to: str                                # subject in the importing account
+    service: bool
+
+
+@dataclass(frozen=True)
+class AccountConfig:
+    name: str
+    users: tuple[User, ...] = ()
+    exports: tuple[Export, ...] = ()
+    imports: tuple[Import, ...] = ()
+
+
+def _pattern_covers(pattern: str, subject: str) -> bool:
+    """True if every subject matched by ``subject`` is matched by ``pattern``."""
+    pt, st = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(pt):
+        if tok == ">":
+            return len(st) > i
+        if i >= len(st) or st[i] == ">":
+            return False
+        if tok != "*" and (tok != st[i]):
+            return False
+    return len(pt) == len(st)
+
+
+def _parse_export(entry) -> Export:
+    if not isinstance(entry, dict):
+        raise AuthConfigError("Export Items should be a map with type entry, got %r" % (entry,))
+    subject, service, accounts, rtype = None, False, (), "singleton"
+    for k, v in entry.items():
+        lk = k.lower()
+        if lk == "stream":
+            subject, service = str(v), False
+        elif lk == "service":
+            subject, service = str(v), True
+        elif lk == "accounts":
+            accounts = tuple(str(a) for a in v)
+        elif lk in ("response", "response_type"):
+            rtype = str(v).lower()
+            if rtype not in ("singleton", "stream", "chunked"):
+                raise AuthConfigError("Unknown response type: %r" % v)
+        elif lk in ("latency", "response_threshold", "threshold", "account_token_position",
+                    "advertise", "allow_trace"):
+            continue
+        else:
+            raise AuthConfigError("Unknown field %r parsing export" % k)
+    if subject is None:
+        raise AuthConfigError("Export needs a stream or a service subject")
+    return Export(subject, service, accounts, rtype)
+
+
+def _parse_import(entry) -> Import:
+    if not isinstance(entry, dict):
+        raise AuthConfigError("Import Items should be a map with type entry, got %r" % (entry,))
+    source, service, to, prefix = None, False, "", ""
+    for k, v in entry.items():
+        lk = k.lower()
+        if lk in ("stream", "service"):
+            if not isinstance(v, dict):
+                raise AuthConfigError("Import %s should be a map with account and subject" % lk)
+            acc = v.get("account")
+            subj = v.get("subject")
+            if not acc or not subj:
+                raise AuthConfigError("Import %s needs an account and a subject" % lk)
+            source, service = (str(acc), str(subj)), lk == "service"
+        elif lk == "to":
+            to = str(v)
+        elif lk == "prefix":
+            prefix = str(v)
+        elif lk in ("share", "allow_trace"):
+            continue
+        else:
+            raise AuthConfigError("Unknown field %r parsing import" % k)
+    if source is None:
+        raise AuthConfigError("Import needs a stream or a service")
+    acc, subj = source
+    if prefix and not to:
+        to = prefix + "." + subj
+    return Import(acc, subj, to or subj, service)
+
+
+def parse_accounts(value) -> dict[str, AccountConfig]:
+    """``accounts { A { users, exports, imports } }`` or ``accounts: [A, B]``."""
+    out: dict[str, AccountConfig] = {}
+    if isinstance(value, list):
+        for name in value:
+            out[str(name)] = AccountConfig(str(name))
+        return out
+    if not isinstance(value, dict):
+        raise AuthConfigError("Expected accounts to be a map or an array, got %r" % (value,))
+    for name, body in value.items():
+        users, exports, imports = (), [], []
+        if body is None or body == {}:
+            out[name] = AccountConfig(name)
+            continue
+        if not isinstance(body, dict):
+            raise AuthConfigError("Expected account %r to be a map, got %r" % (name, body))
+        for k, v in body.items():
+            lk = k.lower()
+            if lk == "users":
+                users = parse_users(v, account=name)
+            elif lk == "exports":
+                exports = [_parse_export(e) for e in (v or [])]
+            elif lk == "imports":
+                imports = [_parse_import(e) for e in (v or [])]
+            elif lk in ("jetstream", "limits", "mappings", "default_permissions", "nkey",
+                        "msg_trace", "trace_dest"):
+                continue
+            else:
+                raise AuthConfigError("Unknown field %r parsing account %r" % (k, name))
+        out[name] = AccountConfig(name, users, tuple(exports), tuple(imports))
+    return out
+
+
+def check_imports(configs: dict[str, AccountConfig]) -> None:
+    """Each import must name an existing account with a matching export open to us."""
+    for cfg in configs.values():
+        for imp in cfg.imports:
+            src = configs.get(imp.account)
+            if src is None:
+                raise AuthConfigError("%s import from unknown account %r in account %r" % (
+                    "service" if imp.service else "stream", imp.account, cfg.name))
+            ok = any(e.service == imp.service and _pattern_covers(e.subject, imp.subject)
+                     and (not e.accounts or cfg.name in e.accounts) for e in src.exports)
+            if not ok:
+                raise AuthConfigError(
+                    "%s import %r from account %r is not authorized by an export" % (
+                        "service" if imp.service else "stream", imp.subject, imp.account))
+
+
+def _map_subject(subject: bytes, src: str, dst: str) -> bytes:
+    """Rename ``subject`` from the import's source pattern to its destination."""
+    if src == dst:
+        return subject
+    if "*" not in src and ">" not in src:
+        return dst.encode()
+    # Wildcard tokens carry over position by position; a '>' tail carries over whole.
+    st = subject.split(b".")
+    dt = dst.split(".")
+    out, wild = [], [t for i, t in enumerate(st)
+                     if i < len(src.split(".")) and src.split(".")[i] in ("*", ">")]
+    tail = st[len(src.split(".")) - 1:] if src.endswith(">") else []
+    wi = 0
+    for t in dt:
+        if t == "*" and wi < len(wild):
+            out.append(wild[wi])
+            wi += 1
+        elif t == ">":
+            out.extend(tail)
+        else:
+            out.append(t.encode())
+    return b".".join(out)
+
+
+class Account:
+    def __init__(self, name: str, config: AccountConfig | None = None):
+        self.name = name
+        self.config = config or AccountConfig(name)
+        self.sublist = Sublist()
+        self.is_system = False
+        self.internal_subs: list[Subscription] = []
+        self._responses: dict[bytes, tuple] = {}
+        self._resp_ids = itertools.count(1)
+        self._resp_prefix = b"_R_." + os.urandom(6).hex().encode()
+        self._resp_sub: Subscription | None = None
+        self.client_count = 0
+
+    def add_internal(self, subject: bytes, callback, queue: bytes | None = None) -> Subscription:
+        sub = Subscription(subject, queue, b"", None, callback)
+        self.sublist.insert(sub)
+        self.internal_subs.append(sub)
+        return sub
+
+    # ---- wiring of imports ------------------------------------------------------------
+
+    def wire_imports(self, server, accounts: dict[str, "Account"]) -> None:
+        for imp in self.config.imports:
+            src = accounts[imp.account]
+            if imp.service:
+                self._wire_service_import(server, src, imp)
+            else:
+                self._wire_stream_import(server, src, imp)
+
+    def _wire_stream_import(self, server, src: "Account", imp: Import) -> None:
+        dst = self
+
+        def forward(sub, subject, reply, hdr, msg):
+            server.deliver(dst, _map_subject(subject, imp.subject, imp.to), reply, msg, hdr)
+        src.add_internal(imp.subject.encode(), forward)
+
+    def _wire_service_import(self, server, src: "Account", imp: Import) -> None:
+        dst = self
+        export = next((e for e in src.config.exports
+                       if e.service and _pattern_covers(e.subject, imp.subject)), None)
+        rtype = export.response_type if export else "singleton"
+        src.ensure_response_sub(server)
+
+        def request(sub, subject, reply, hdr, msg):
+            mapped = _map_subject(subject, imp.to, imp.subject)
+            new_reply = src.map_reply(dst, reply, rtype) if reply else None
+            server.deliver(src, mapped, new_reply, msg, hdr)
+        dst.add_internal(imp.to.encode(), request)
+
+    def ensure_response_sub(self, server) -> None:
+        if self._resp_sub is not None:
+            return
+        acc = self
+
+        def response(sub, subject, reply, hdr, msg):
+            entry = acc._responses.get(subject)
+            if entry is None:
+                return
+            target, original, rtype, expires = entry
+            if expires < time.monotonic():
+                del acc._responses[subject]
+                return
+            if rtype == "singleton":
+                del acc._responses[subject]
+            server.deliver(target, original, None, msg, hdr)
+        self._resp_sub = self.add_internal(self._resp_prefix + b".>", response)
+
+    def map_reply(self, requester: "Account", reply: bytes, rtype: str) -> bytes:
+        token = self._resp_prefix + b".%d" % next(self._resp_ids)
+        if len(self._responses) > 100000:
+            now = time.monotonic()
+            for k in [k for k, e in self._responses.items() if e[3] < now]:
+                del self._responses[k]
+        self._responses[token] = (requester, reply, rtype, time.monotonic() + RESPONSE_TTL)
+        return token
+
+    def matches_export(self, subject: str, service: bool) -> bool:
+        return any(e.service == service and subject_matches(e.subject.encode(), subject.encode())
+                   for e in self.config.exports)

@@ -1,0 +1,101 @@
+"""Requests to the system account: ``$SYS.REQ.SERVER.PING[.KIND]`` and by server id.
+
+A client bound to the system account asks every server (``PING``) or one server
+(``$SYS.REQ.SERVER.<id>.<KIND>``) for its monitoring data; each server answers on the
+reply subject with ``{"server": {...}, "data": {...}}`` (``statsz`` for the plain
+PING), the shapes of nats-server's server/events.go (ServerAPIResponse,
+ServerStatsMsg).  The handlers are internal subscriptions in the system account, so
+the request reaches them through the same sublist as client traffic.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from natsjs import NATS_VERSION
+
+
+def _server_info(server) -> dict:
+    server._sys_seq += 1
+    return {
+        "name": server.name,
+        "host": server.opts.host,
+        "id": server.server_id,
+        "ver": NATS_VERSION,
+        "jetstream": False,
+        "flags": 0,
+        "seq": server._sys_seq,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z",
+    }
+
+
+def statsz(server) -> dict:
+    v = server.varz()
+    return {
+        "start": v["start"],
+        "mem": v["mem"],
+        "cores": v["cores"],
+        "cpu": v["cpu"],
+        "connections": v["connections"],
+        "total_connections": v["total_connections"],
+        "active_accounts": sum(1 for a in server.accounts.values() if a.client_count),
+        "subscriptions": v["subscriptions"],
+        "sent": {"msgs": v["out_msgs"], "bytes": v["out_bytes"]},
+        "received": {"msgs": v["in_msgs"], "bytes": v["in_bytes"]},
+        "slow_consumers": v["slow_consumers"],
+    }
+
+
+def _monitor(path):
+    def get(server, query):
+        from natsjs import monitor
+        handler = monitor.ENDPOINTS.get(path)
+        if handler is None:
+            return None
+        status, body = handler(server, query)
+        return body if status == 200 else {"error": body}
+    return get
+
+
+KINDS = {
+    "VARZ": lambda server, q: server.varz(),
+    "STATSZ": lambda server, q: statsz(server),
+    "HEALTHZ": lambda server, q: {"status": "ok"},
+    "CONNZ": _monitor("/connz"),
+    "SUBSZ": _monitor("/subsz"),
+    "ACCOUNTZ": _monitor("/accountz"),
+    "ROUTEZ": _monitor("/routez"),
+    "JSZ": _monitor("/jsz"),
+}
+
+
+def _handler(server, kind):
+    def on_request(sub, subject, reply, hdr, msg):
+        if not reply:
+            return
+        query = {}
+        body = msg[hdr:] if hdr and hdr > 0 else msg
+        if body.strip():
+            try:
+                opts = json.loads(body)
+                if isinstance(opts, dict):
+                    query = {k: str(v).lower() if isinstance(v, bool) else str(v)
+                             for k, v in opts.items()}
+            except ValueError:
+                pass
+        if kind is None:
+            resp = {"server": _server_info(server), "statsz": statsz(server)}
+        else:
+            resp = {"server": _server_info(server), "data": KINDS[kind](server, query)}
+        server.deliver(server.system_account, reply, None,
+                       json.dumps(resp, separators=(",", ":")).encode())
+    return on_request
+
+
+def install(server) -> None:
+    acc = server.system_account
+    acc.add_internal(b"$SYS.REQ.SERVER.PING", _handler(server, None))
+    for kind in KINDS:
+        acc.add_internal(b"$SYS.REQ.SERVER.PING." + kind.encode(), _handler(server, kind))
+        acc.add_internal(b"$SYS.REQ.SERVER.%s.%s" % (server.server_id.encode(), kind.encode()),
+                         _handler(server, kind))

@@ -1,0 +1,281 @@
+"""Authentication, permissions, accounts and $SYS requests, as a user configures them.
+
+Each scenario runs the same configuration file on natsjs and on the reference
+nats-server, and checks what nats-py sees.
+"""
+import asyncio
+import json
+
+import bcrypt
+import nats
+import nkeys
+import pytest
+from nats.errors import TimeoutError as NatsTimeout
+
+from conftest import start_natsjs, start_reference
+
+TIMEOUT = 10
+SEED = b"SUAMLK2ZNL35WSMW37E7UD4VZ7ELPKW7DHC3BWBSD2GCZ7IUQQXZIORRBU"
+HASH = bcrypt.hashpw(b"b-secret", bcrypt.gensalt(rounds=4)).decode()
+NKEY = nkeys.from_seed(SEED).public_key.decode()
+
+CONFIG = """
+authorization {
+  timeout: 1
+  users = [
+    { user: alice, password: a-secret }
+    { user: bob, password: "%(hash)s" }
+    { user: limited, password: l,
+      permissions: { publish: { allow: ["ok.>", "_INBOX.>"], deny: ["ok.secret"] },
+                     subscribe: { allow: ["ok.>", "_INBOX.>"] } } }
+    { user: svc, password: s,
+      permissions: { publish: { deny: ">" }, subscribe: "req.>", allow_responses: true } }
+    { nkey: %(nkey)s }
+  ]
+}
+""" % {"hash": HASH, "nkey": NKEY}
+
+ACCOUNTS = """
+accounts {
+  A {
+    users = [ { user: a, password: a } ]
+    exports = [ { stream: "feed.>" }, { service: "help.*" } ]
+  }
+  B {
+    users = [ { user: b, password: b } ]
+    imports = [
+      { stream: { account: A, subject: "feed.>" } }
+      { service: { account: A, subject: "help.me" }, to: "ask.a" }
+    ]
+  }
+  C { users = [ { user: c, password: c } ] }
+  $SYS { users = [ { user: admin, password: "%(hash)s" } ] }
+}
+""" % {"hash": HASH}
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def _server(kind, tmp_path, text):
+    path = tmp_path / "server.conf"
+    path.write_text(text)
+    return (start_natsjs if kind == "natsjs" else start_reference)("-c", str(path))
+
+
+@pytest.fixture(params=["natsjs", "reference"])
+def auth_server(request, tmp_path):
+    s = _server(request.param, tmp_path, CONFIG)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(params=["natsjs", "reference"])
+def accounts_server(request, tmp_path):
+    s = _server(request.param, tmp_path, ACCOUNTS)
+    yield s
+    s.stop()
+
+
+async def connect(server, **kw):
+    kw.setdefault("allow_reconnect", False)
+    return await nats.connect(server.url, **kw)
+
+
+async def refused(server, **kw):
+    with pytest.raises(Exception) as info:
+        nc = await connect(server, **kw)
+        await nc.close()
+    assert "authorization violation" in str(info.value).lower()
+
+
+def test_passwords_plain_and_bcrypt(auth_server):
+    async def main():
+        for user, pw in (("alice", "a-secret"), ("bob", "b-secret")):
+            nc = await connect(auth_server, user=user, password=pw)
+            sub = await nc.subscribe("x")
+            await nc.publish("x", b"hi")
+            assert (await sub.next_msg(timeout=TIMEOUT)).data == b"hi"
+            await nc.close()
+        await refused(auth_server, user="alice", password="wrong")
+        await refused(auth_server, user="bob", password=HASH)   # the hash is not the password
+        await refused(auth_server, user="nobody", password="x")
+        await refused(auth_server)
+    run(main())
+
+
+def test_nkey_user(auth_server, tmp_path):
+    async def main():
+        seed = tmp_path / "user.nk"
+        seed.write_bytes(SEED)
+        nc = await connect(auth_server, nkeys_seed=str(seed))
+        await nc.flush()
+        await nc.close()
+        other = nkeys.from_seed(b"SUAGMJH5XLGZKQQWAWKRZJIGMOU4HPFUYLXJMXOO5NLFEO2OOQJ5LPRDPM")
+        bad = tmp_path / "other.nk"
+        bad.write_bytes(other.seed)
+        await refused(auth_server, nkeys_seed=str(bad))
+    run(main())
+
+
+def test_publish_and_subscribe_permissions(auth_server):
+    async def main():
+        errors = []
+
+        async def on_error(e):
+            errors.append(str(e))
+        nc = await connect(auth_server, user="limited", password="l", error_cb=on_error)
+        sub = await nc.subscribe("ok.>")
+        await nc.publish("ok.fine", b"1")
+        await nc.publish("ok.secret", b"2")            # denied
+        await nc.publish("elsewhere", b"3")            # not allowed
+        await nc.flush()
+        assert (await sub.next_msg(timeout=TIMEOUT)).data == b"1"
+        with pytest.raises(NatsTimeout):
+            await sub.next_msg(timeout=0.3)
+        await nc.subscribe("forbidden.topic")
+        await nc.flush()
+        for _ in range(50):
+            if len(errors) >= 3:
+                break
+            await nc.flush()
+        joined = "\n".join(errors).lower()
+        assert 'permissions violation for publish to "ok.secret"' in joined
+        assert 'permissions violation for publish to "elsewhere"' in joined
+        assert 'permissions violation for subscription to "forbidden.topic"' in joined
+        assert nc.is_connected                        # violations do not close the connection
+        await nc.close()
+    run(main())
+
+
+def test_allow_responses(auth_server):
+    async def main():
+        svc = await connect(auth_server, user="svc", password="s")
+        errors = []
+
+        async def on_error(e):
+            errors.append(str(e))
+        svc._error_cb = on_error
+
+        async def answer(msg):
+            await msg.respond(b"answer")
+            await svc.publish(msg.reply, b"second answer is not allowed")
+        await svc.subscribe("req.q", cb=answer)
+        await svc.flush()
+        client = await connect(auth_server, user="alice", password="a-secret")
+        inbox = client.new_inbox()
+        replies = await client.subscribe(inbox)
+        await client.publish("req.q", b"?", reply=inbox)
+        assert (await replies.next_msg(timeout=TIMEOUT)).data == b"answer"
+        with pytest.raises(NatsTimeout):
+            await replies.next_msg(timeout=0.3)
+        await svc.publish("req.q", b"direct publish denied")
+        await svc.flush()
+        assert any("permissions violation for publish" in e.lower() for e in errors)
+        await svc.close()
+        await client.close()
+    run(main())
+
+
+def test_auth_timeout(auth_server):
+    import socket
+    s = socket.create_connection(("127.0.0.1", auth_server.port), timeout=TIMEOUT)
+    data = b""
+    while not data.endswith(b"<EOF>"):
+        chunk = s.recv(4096)
+        data += chunk if chunk else b"<EOF>"
+    s.close()
+    assert b'"auth_required":true' in data
+    assert b"-ERR 'Authentication Timeout'" in data
+
+
+def test_ops_before_connect_are_refused(auth_server):
+    import socket
+    s = socket.create_connection(("127.0.0.1", auth_server.port), timeout=TIMEOUT)
+    s.recv(4096)
+    s.sendall(b"SUB foo 1\r\n")
+    data = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    assert data == b"-ERR 'Authorization Violation'\r\n"
+
+
+def test_accounts_isolation_and_imports(accounts_server):
+    async def main():
+        a = await connect(accounts_server, user="a", password="a")
+        b = await connect(accounts_server, user="b", password="b")
+        c = await connect(accounts_server, user="c", password="c")
+        b_feed = await b.subscribe("feed.>")
+        c_feed = await c.subscribe("feed.>")
+        a_private = await a.subscribe("private")
+        await b.flush()
+        await c.flush()
+
+        async def helper(msg):
+            await msg.respond(b"helped:" + msg.data)
+        await a.subscribe("help.*", cb=helper)
+        await a.flush()
+
+        await a.publish("feed.news", b"exported")
+        await c.publish("private", b"from c")         # same subject, other account
+        await a.flush()
+        await c.flush()
+        got = await b_feed.next_msg(timeout=TIMEOUT)
+        assert (got.subject, got.data) == ("feed.news", b"exported")
+        with pytest.raises(NatsTimeout):
+            await c_feed.next_msg(timeout=0.3)        # C imports nothing
+        with pytest.raises(NatsTimeout):
+            await a_private.next_msg(timeout=0.3)     # accounts are isolated
+
+        reply = await b.request("ask.a", b"please", timeout=TIMEOUT)
+        assert reply.data == b"helped:please"
+        for nc in (a, b, c):
+            await nc.close()
+    run(main())
+
+
+def test_system_account_requests(accounts_server):
+    async def main():
+        admin = await connect(accounts_server, user="admin", password="b-secret")
+        info = admin._server_info
+        ping = await admin.request("$SYS.REQ.SERVER.PING", b"", timeout=TIMEOUT)
+        body = json.loads(ping.data)
+        assert body["server"]["id"] == info["server_id"]
+        assert body["statsz"]["connections"] >= 1
+        varz = json.loads((await admin.request("$SYS.REQ.SERVER.PING.VARZ", b"",
+                                               timeout=TIMEOUT)).data)
+        assert varz["data"]["server_id"] == info["server_id"]
+        direct = json.loads((await admin.request(
+            "$SYS.REQ.SERVER.%s.VARZ" % info["server_id"], b"", timeout=TIMEOUT)).data)
+        assert direct["data"]["server_id"] == info["server_id"]
+        await admin.close()
+        # a user outside the system account cannot reach these
+        a = await connect(accounts_server, user="a", password="a")
+        with pytest.raises(Exception):
+            await a.request("$SYS.REQ.SERVER.PING", b"", timeout=0.5)
+        await a.close()
+    run(main())
+
+
+def test_token_and_user_flags(natsjs_server, reference_server):
+    for start in (natsjs_server, reference_server):
+        s = start("--auth", "t0k3n")
+
+        async def main():
+            nc = await connect(s, token="t0k3n")
+            await nc.flush()
+            await nc.close()
+            await refused(s, token="wrong")
+        run(main())
+        u = start("--user", "u", "--pass", "p")
+
+        async def main2():
+            nc = await connect(u, user="u", password="p")
+            await nc.flush()
+            await nc.close()
+            await refused(u, user="u", password="q")
+        run(main2())
