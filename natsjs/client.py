@@ -61,6 +61,24 @@ AUTH_VIOLATION_REASON = "Authentication Failure"
 AUTH_TIMEOUT_REASON = "Authentication Timeout"
 
 
+_CONNECT_BOOLS = ("verbose", "pedantic", "echo", "headers", "no_responders", "tls_required")
+_CONNECT_STRINGS = ("name", "lang", "version", "user", "pass", "auth_token", "nkey", "sig",
+                    "jwt")
+
+
+def _check_connect_types(opts: dict) -> None:
+    """Reject what Go's json.Unmarshal into the CONNECT struct would reject."""
+    for key in _CONNECT_BOOLS:
+        if key in opts and opts[key] is not None and not isinstance(opts[key], bool):
+            raise ProtocolError("processConnect: %s is not a boolean" % key)
+    for key in _CONNECT_STRINGS:
+        if key in opts and opts[key] is not None and not isinstance(opts[key], str):
+            raise ProtocolError("processConnect: %s is not a string" % key)
+    proto = opts.get("protocol")
+    if proto is not None and (isinstance(proto, bool) or not isinstance(proto, int)):
+        raise ProtocolError("processConnect: protocol is not an integer")
+
+
 class Client:
     """One client connection, owned by the server's nursery."""
 
@@ -350,8 +368,12 @@ class Client:
             self._process_unsub(args)
         elif op == P.CONNECT:
             self._process_connect(args)
-        elif op in (P.INFO, P.OK, P.ERR):
-            pass  # a client has nothing to tell us with these; nats-server ignores them
+        elif op == P.ERR:
+            # server/client.go processErr: log it and close, without a reply.
+            self.server.log.error(self.log_prefix + "Client Error %s", args.decode("utf-8", "replace"))
+            self.close(PROTOCOL_VIOLATION)
+        elif op in (P.INFO, P.OK):
+            pass  # nats-server ignores these from a client
         else:
             raise ProtocolError("unexpected operation %d" % op, P.ERR_UNKNOWN_OP)
 
@@ -374,6 +396,7 @@ class Client:
                 raise ValueError("CONNECT arguments are not a JSON object")
         except ValueError as exc:
             raise ProtocolError("processConnect: %s" % exc) from None
+        _check_connect_types(opts)
         core = self.core
         core.verbose = bool(opts.get("verbose", core.verbose))
         core.pedantic = bool(opts.get("pedantic", core.pedantic))
@@ -495,10 +518,8 @@ class Client:
             sid, max_msgs = parts[0], 0
         elif len(parts) == 2:
             sid = parts[0]
-            try:
-                max_msgs = int(parts[1])
-            except ValueError:
-                raise ProtocolError("processUnsub Parse Error: %r" % args) from None
+            # parseSize semantics: anything but digits is -1, i.e. unsubscribe now.
+            max_msgs = int(parts[1]) if parts[1].isdigit() and len(parts[1]) <= 9 else -1
         else:
             raise ProtocolError("processUnsub Parse Error: %r" % args)
         sub = self.subs.get(sid)

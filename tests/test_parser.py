@@ -110,7 +110,8 @@ def test_routed_messages():
 @pytest.mark.parametrize("data,client_error", [
     (b"FOO\r\n", P.ERR_UNKNOWN_OP),
     (b"PUBX a 1\r\n", P.ERR_UNKNOWN_OP),
-    (b"PING x\r\n", P.ERR_UNKNOWN_OP),
+    (b"PUB\r\n", P.ERR_UNKNOWN_OP),        # no space after the name: not a PUB at all
+    (b"SUB\r\n", P.ERR_UNKNOWN_OP),
     (b"PUB a 3\r\nhiXX\r\n", P.ERR_UNKNOWN_OP),
     (b"PUB a 2000000\r\n", P.ERR_MAX_PAYLOAD),
     (b"SUB " + b"a" * 5000 + b" 1\r\n", P.ERR_MAX_CONTROL_LINE),
@@ -127,6 +128,22 @@ def test_errors(data, client_error):
     with pytest.raises(ProtocolError) as info:
         parse([data])
     assert info.value.client_error == client_error
+
+
+def test_ping_pong_ok_ignore_the_rest_of_the_line():
+    ops, _ = parse([b"PING x\r\nPINGX\r\npong!\r\n+OKAY\r\n"])
+    assert [op for op, _ in ops] == [P.PING, P.PING, P.PONG, P.OK]
+
+
+def test_closed_parser_drops_the_rest_of_the_batch():
+    seen = []
+
+    def on_op(op, args):
+        seen.append(op)
+        p.closed = True
+    p = ProtoParser(on_op)
+    p.feed(b"PING\r\nPING\r\n")
+    assert seen == [P.PING]
 
 
 def test_max_control_line_counts_only_the_line():

@@ -7,7 +7,6 @@ cdef class Conn(ProtoParser):
     cdef public bytearray out          # outbound bytes not yet written to the socket
     cdef public Py_ssize_t max_pending
     cdef public bint pending           # already in some reader's pcd list
-    cdef public bint closed
     cdef public bint headers
     cdef public object conn            # the Python connection object (rare events)
     cdef public long long in_msgs

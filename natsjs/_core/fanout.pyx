@@ -28,6 +28,7 @@ from libc.string cimport memcmp, memcpy
 from libc.stdint cimport uint64_t
 
 from natsjs._core.parser cimport CLIENT, ProtoParser
+from natsjs._core.parser import ProtocolError
 from natsjs._core.sublist cimport Sublist, SublistResult, Subscription
 from natsjs._core.sublist cimport literal_ok
 
@@ -75,7 +76,6 @@ cdef class Conn(ProtoParser):
         self.out = bytearray()
         self.max_pending = max_pending
         self.pending = False
-        self.closed = False
         self.headers = False
         self.conn = conn
         self.in_msgs = 0
@@ -169,14 +169,18 @@ cdef class ClientCore(Conn):
         cdef list group
         cdef Py_ssize_t delivered = 0, n, k, start, j
         cdef char* p
+        if self.pa.hdr >= 0 and not self.headers:
+            # server/client.go processHeaderPub: ErrMsgHeadersNotSupported closes the
+            # connection without an -ERR.
+            raise ProtocolError("message headers not supported")
         self.in_msgs += 1
         self.in_bytes += self.pa.size
+        if self.pedantic and not literal_ok(self.pa.subject, self.pa.subject_len):
+            self.out += b"-ERR 'Invalid Publish Subject'\r\n"
+            self.queued(self)
         if self.verbose:
             p = reserve(self.out, 5)
             memcpy(p, b"+OK\r\n", 5)
-            self.queued(self)
-        if self.pedantic and not literal_ok(self.pa.subject, self.pa.subject_len):
-            self.out += b"-ERR 'Invalid Publish Subject'\r\n"
             self.queued(self)
         if self.pub_check is not None and not self.pub_check(
                 PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len)):
@@ -237,9 +241,9 @@ cdef class ClientCore(Conn):
         cdef Py_ssize_t sidlen = PyBytes_GET_SIZE(sid)
         cdef Py_ssize_t nd, hd = 0, total
         cdef char* p
-        if hdr >= 0 and not self.headers:
+        if hdr >= 0 and (hdr == 0 or not self.headers):
             # A client that did not announce headers gets the payload alone, as
-            # nats-server strips them for it.
+            # nats-server strips them for it; an empty header block is no header.
             msg += hdr
             size -= hdr
             hdr = -1

@@ -57,6 +57,9 @@ cdef class ProtoParser:
     # Authentication pending: every operation but CONNECT is an Authorization
     # Violation (server/parser.go authErr).
     cdef public bint connect_required
+    # Set when the connection is closed: the rest of the read batch is dropped, as the
+    # reference stops at the error.
+    cdef public bint closed
 
     cpdef feed(self, data)
     cdef int _control(self, const unsigned char* ctl, Py_ssize_t n,

@@ -127,6 +127,7 @@ cdef class ProtoParser:
         self.on_op = on_op
         self.on_trace = None
         self.connect_required = False
+        self.closed = False
 
     cpdef feed(self, data):
         """Parse everything in ``data`` (any bytes-like object, any split)."""
@@ -139,7 +140,7 @@ cdef class ProtoParser:
         if n == 0:
             return
         p = &view[0]
-        while i < n:
+        while i < n and not self.closed:
             if self.state == MSG_PAYLOAD:
                 have = PyByteArray_GET_SIZE(self.payload)
                 need = self.pa.size + 2 - have
@@ -215,6 +216,8 @@ cdef class ProtoParser:
         elif _word_is(ctl, w, "HMSG", 4) and self.kind == ROUTER:
             op = M_RHMSG
         if op != 0:
+            if w == n:
+                raise ProtocolError("parser error: proto=%r" % _snippet(ctl, n), ERR_UNKNOWN_OP)
             self._parse_pub(op, ctl + a, n - a)
             total = self.pa.size + 2
             if avail >= total:
@@ -238,10 +241,14 @@ cdef class ProtoParser:
             used[0] = avail
             return 0
 
-        if _word_is(ctl, w, "PING", 4):
+        # PING, PONG and +OK only look at their first letters and skip the rest of
+        # the line (server/parser.go OP_PING/OP_PONG/OP_PLUS_OK states).
+        if w >= 4 and _word_is(ctl, 4, "PING", 4):
             op = OP_PING
-        elif _word_is(ctl, w, "PONG", 4):
+        elif w >= 4 and _word_is(ctl, 4, "PONG", 4):
             op = OP_PONG
+        elif w >= 3 and _word_is(ctl, 3, "+OK", 3):
+            op = OP_OK
         elif _word_is(ctl, w, "SUB", 3) and self.kind == CLIENT:
             op = OP_SUB
         elif _word_is(ctl, w, "UNSUB", 5) and self.kind == CLIENT:
@@ -250,8 +257,6 @@ cdef class ProtoParser:
             op = OP_CONNECT
         elif _word_is(ctl, w, "INFO", 4):
             op = OP_INFO
-        elif _word_is(ctl, w, "+OK", 3):
-            op = OP_OK
         elif _word_is(ctl, w, "-ERR", 4):
             op = OP_ERR
         elif self.kind == ROUTER and _word_is(ctl, w, "RS+", 3):
@@ -264,7 +269,8 @@ cdef class ProtoParser:
             op = OP_LS_MINUS
         else:
             raise ProtocolError("parser error: proto=%r" % _snippet(ctl, n), ERR_UNKNOWN_OP)
-        if (op == OP_PING or op == OP_PONG or op == OP_OK) and a < n:
+        if w == n and (op == OP_SUB or op == OP_UNSUB):
+            # An operation that takes arguments needs a space after its name.
             raise ProtocolError("parser error: proto=%r" % _snippet(ctl, n), ERR_UNKNOWN_OP)
         # Release the carried-over line before the callback: the callback may feed
         # nothing back, but it must never see a half-reset parser.
