@@ -250,6 +250,11 @@ class Account:
             server.deliver(src, mapped, new_reply, msg, hdr)
         dst.add_internal(imp.to.encode(), request)
 
+    def reset_imports(self) -> None:
+        """Forget the wiring of imports (a reload wires them again)."""
+        self._resp_sub = None
+        self._responses.clear()
+
     def ensure_response_sub(self, server) -> None:
         if self._resp_sub is not None:
             return

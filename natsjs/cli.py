@@ -29,6 +29,8 @@ Server Options:
     -m, --http_port <port>           Use port for http monitoring
     -c, --config <file>              Configuration file
     -t                               Test configuration and exit
+    -sl,--signal <signal>[=<pid>]    Send signal to natsjs-server process (ldm, stop, quit, term, reopen, reload)
+                                     <pid> can be either a PID (e.g. 1) or the path to a PID file
         --max_payload <size>         Maximum message payload in bytes (default: 1MB)
 
 Authorization Options:
@@ -69,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--http_port", "-http_port", dest="http_port", type=int)
     p.add_argument("-c", "--config", "-config", dest="config_file")
     p.add_argument("-t", dest="test_config", action="store_true")
+    p.add_argument("-sl", "--signal", "-signal", dest="signal")
     p.add_argument("--max_payload", "-max_payload", dest="max_payload")
     p.add_argument("--user", "-user", dest="auth_user")
     p.add_argument("--pass", "-pass", dest="auth_pass")
@@ -85,13 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def options_from_args(argv: list[str]) -> tuple[ServerOptions, argparse.Namespace]:
-    """Parse flags (and the config file they name) into options."""
+def options_from_args(argv: list[str], warn=None) -> tuple[ServerOptions, argparse.Namespace]:
+    """Parse flags (and the config file they name) into options; flags win over the file."""
     ns = build_parser().parse_args(argv)
     opts = ServerOptions()
     if ns.config_file:
         from natsjs.config import load_config
-        opts = load_config(ns.config_file, opts)
+        opts = load_config(ns.config_file, opts, warn=warn)
     changes = {}
     for key in ("host", "port", "server_name", "pid_file", "http_port", "log_file",
                 "logtime_utc", "debug", "trace"):
@@ -121,15 +124,78 @@ def options_from_args(argv: list[str]) -> tuple[ServerOptions, argparse.Namespac
     return opts, ns
 
 
+# --signal names -> the signal the running server acts on (server/signal.go).
+SIGNALS = {
+    "stop": signal.SIGKILL,
+    "quit": signal.SIGINT,
+    "term": signal.SIGTERM,
+    "reopen": signal.SIGUSR1,
+    "reload": signal.SIGHUP,
+    "ldm": signal.SIGUSR2,
+}
+
+
+def _find_server_pids() -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        names = [os.path.basename(a) for a in argv[:3]]
+        if b"natsjs-server" in names or (b"-m" in argv[:3] and b"natsjs" in argv[:4]):
+            if not any(a in (b"--signal", b"-sl", b"-signal") for a in argv):
+                pids.append(int(entry))
+    return pids
+
+
+def send_signal(command: str) -> int:
+    name, _, target = command.partition("=")
+    sig = SIGNALS.get(name.lower())
+    if sig is None:
+        sys.stderr.write("natsjs-server: unknown signal %r\n" % name)
+        return 1
+    if target:
+        if target.isdigit():
+            pid = int(target)
+        else:
+            try:
+                with open(target) as f:
+                    pid = int(f.read().strip())
+            except (OSError, ValueError) as exc:
+                sys.stderr.write("natsjs-server: could not read pid from %s: %s\n" % (target, exc))
+                return 1
+    else:
+        pids = _find_server_pids()
+        if len(pids) != 1:
+            sys.stderr.write("natsjs-server: %s\n" % (
+                "no natsjs-server process running" if not pids else
+                "multiple natsjs-server processes running:\n" + "\n".join(map(str, pids))))
+            return 1
+        pid = pids[0]
+    try:
+        os.kill(pid, sig)
+    except OSError as exc:
+        sys.stderr.write("natsjs-server: %s\n" % exc)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    warnings: list[str] = []
     try:
-        opts, ns = options_from_args(argv)
+        opts, ns = options_from_args(argv, warn=warnings.append)
     except SystemExit:
         raise
     except Exception as exc:
         sys.stderr.write("natsjs-server: %s\n" % exc)
         return 1
+    if ns.signal:
+        return send_signal(ns.signal)
     if ns.help:
         sys.stdout.write(USAGE)
         return 0
@@ -141,15 +207,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     log = Logger(debug=opts.debug, trace=opts.trace, logtime=opts.logtime,
                  utc=opts.logtime_utc, path=opts.log_file)
+    for w in warnings:
+        log.warn("%s", w)
     try:
-        return trio.run(_run, opts, log)
+        return trio.run(_run, opts, log, argv)
     except KeyboardInterrupt:
         return 0
     finally:
         log.close()
 
 
-async def _run(opts: ServerOptions, log: Logger) -> int:
+async def _run(opts: ServerOptions, log: Logger, argv: list[str]) -> int:
     from natsjs.server import Server
     server = Server(opts, log)
     if opts.pid_file:
@@ -168,7 +236,9 @@ async def _run(opts: ServerOptions, log: Logger) -> int:
                           exc.strerror or str(exc))
                 nursery.cancel_scope.cancel()
                 return 1
-            nursery.start_soon(_signals, server)
+            nursery.start_soon(_signals, server, argv)
+            await server.stopped.wait()
+            nursery.cancel_scope.cancel()
     finally:
         if opts.pid_file:
             try:
@@ -178,12 +248,35 @@ async def _run(opts: ServerOptions, log: Logger) -> int:
     return 0
 
 
-async def _signals(server) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            server.log.debug("Trapped %r signal", signal.Signals(signum).name)
-            server.shutdown()
-            return
+async def _signals(server, argv: list[str]) -> None:
+    """SIGINT/SIGTERM: shut down; SIGHUP: reload; SIGUSR1: reopen the log; SIGUSR2: ldm."""
+    async with trio.open_nursery() as nursery:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
+                                       signal.SIGUSR1, signal.SIGUSR2) as signals:
+            async for signum in signals:
+                server.log.debug("Trapped %r signal", signal.Signals(signum).name)
+                if signum in (signal.SIGINT, signal.SIGTERM):
+                    await server.graceful_shutdown()
+                    nursery.cancel_scope.cancel()
+                    return
+                if signum == signal.SIGHUP:
+                    _reload(server, argv)
+                elif signum == signal.SIGUSR1:
+                    server.log.reopen()
+                    server.log.info("File log re-opened")
+                elif signum == signal.SIGUSR2:
+                    nursery.start_soon(server.enter_lame_duck_mode)
+
+
+def _reload(server, argv: list[str]) -> None:
+    warnings: list[str] = []
+    try:
+        opts, _ = options_from_args(argv, warn=warnings.append)
+        for w in warnings:
+            server.log.warn("%s", w)
+        server.reload(opts)
+    except Exception as exc:  # a bad file must leave the running server as it was
+        server.log.error("Failed to reload server configuration: %s", exc)
 
 
 if __name__ == "__main__":  # pragma: no cover

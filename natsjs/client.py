@@ -98,6 +98,7 @@ class Client:
             u.nkey for a in opts.accounts for u in a.users) else ""
         self.user = None
         self.perms: PermissionChecker | None = None
+        self.connect_opts: dict = {}
         self.subs: dict[bytes, Subscription] = {}
         self.name = ""
         self.lang = ""
@@ -269,6 +270,9 @@ class Client:
             reason = PROTOCOL_VIOLATION
         self.close(reason, err)
 
+    def on_trace_changed(self) -> None:
+        self.core.on_trace = self._trace_in if self.server.log.trace_enabled else None
+
     def _trace_in(self, line: bytes) -> None:
         self.server.log.trace(self.log_prefix + "<<- [%s]", line.decode("utf-8", "replace"))
 
@@ -397,6 +401,7 @@ class Client:
         except ValueError as exc:
             raise ProtocolError("processConnect: %s" % exc) from None
         _check_connect_types(opts)
+        self.connect_opts = opts
         core = self.core
         core.verbose = bool(opts.get("verbose", core.verbose))
         core.pedantic = bool(opts.get("pedantic", core.pedantic))
@@ -434,17 +439,52 @@ class Client:
         if account is None:
             self.close(AUTH_VIOLATION_REASON, AUTHORIZATION_VIOLATION)
             return False
-        self.user = user
         self.account = account
         self.core.sublist = account.sublist
         self.core.connect_required = False
-        if user.permissions is not None:
-            self.perms = PermissionChecker(user.permissions)
-            if self.perms.checks_publish:
-                self.core.pub_check = self._check_publish
-            if self.perms.response is not None:
-                self.core.on_reply = self.perms.note_reply
+        self.bind_user(user)
         return True
+
+    def bind_user(self, user) -> None:
+        """Apply ``user``'s permissions (at CONNECT, and again on a config reload)."""
+        self.user = user
+        self.perms = PermissionChecker(user.permissions) if user.permissions else None
+        self.core.pub_check = self._check_publish if self.perms and self.perms.checks_publish \
+            else None
+        self.core.on_reply = self.perms.note_reply if self.perms and self.perms.response \
+            else None
+
+    def reauthorize(self) -> None:
+        """After a reload: close the connection if its credentials no longer pass."""
+        server = self.server
+        if not self.connect_received:
+            return
+        if not server.auth_required:
+            if self.account is not server.account:
+                self.close(AUTH_VIOLATION_REASON, AUTHORIZATION_VIOLATION)
+            else:
+                self.bind_user(type(self.user)()) if self.user is not None else None
+            return
+        user = authenticate(server.opts.auth, server.users_by_account(), self.connect_opts,
+                            self.nonce)
+        account = None
+        if user is not None:
+            account = server.lookup_account(user.account) if user.account else server.account
+        if user is None or account is not self.account:
+            server.log.error(self.log_prefix + "authentication error after reload")
+            self.close(AUTH_VIOLATION_REASON, AUTHORIZATION_VIOLATION)
+            return
+        self.bind_user(user)
+        # Subscriptions the new permissions forbid are dropped, as nats-server does.
+        if self.perms is not None:
+            for sid, sub in list(self.subs.items()):
+                if not self.perms.can_subscribe(sub.subject, sub.queue):
+                    self.auto_unsubscribe(sub)
+
+    def send_async_info(self, **extra) -> None:
+        """INFO to a client that understands async INFO (protocol >= 1)."""
+        if self.protocol >= CLIENT_PROTO_INFO and self.closed_reason is None:
+            self.send(self.server.client_info_line(self, **extra))
 
     def _check_publish(self, subject: bytes) -> bool:
         if self.perms.can_publish(subject):

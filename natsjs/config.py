@@ -39,15 +39,20 @@ def _listen(value: str) -> tuple[str, int]:
 
 
 # Keys accepted now but implemented by later issues (or needing nothing here).
-_LATER = {"cluster", "jetstream", "tls", "leafnodes", "gateway", "websocket", "mqtt", "lame_duck_duration",
-          "lame_duck_grace_period", "server_tags", "http_base_path", "operator", "resolver"}
+_LATER = {"cluster", "jetstream", "tls", "leafnodes", "gateway", "websocket", "mqtt",
+          "server_tags", "http_base_path", "operator", "resolver"}
 
 
-def options_from_mapping(conf: dict, base: ServerOptions, warn=None,
+def _where(mapping, key: str, path: str) -> str:
+    pos = mapping.pos(key) if isinstance(mapping, conf.ConfMap) else None
+    return pos.nats() if pos is not None else (path or "config")
+
+
+def options_from_mapping(mapping: dict, base: ServerOptions, warn=None,
                          path: str = "") -> ServerOptions:
     changes: dict = {}
     no_auth_user = None
-    for key, value in conf.items():
+    for key, value in mapping.items():
         k = key.lower()
         if k in ("port",):
             changes["port"] = int(value)
@@ -93,6 +98,14 @@ def options_from_mapping(conf: dict, base: ServerOptions, warn=None,
             changes["log_file"] = str(value)
         elif k in ("pid_file", "pidfile"):
             changes["pid_file"] = str(value)
+        elif k == "lame_duck_duration":
+            ldd = parse_duration(value)
+            if ldd < 30:
+                raise ValueError("%s: invalid lame_duck_duration of %s, minimum is 30 seconds"
+                                 % (_where(mapping, key, path), value))
+            changes["lame_duck_duration"] = ldd
+        elif k == "lame_duck_grace_period":
+            changes["lame_duck_grace_period"] = parse_duration(value)
         elif k == "authorization":
             changes["auth"] = parse_authorization(value)
         elif k == "accounts":
@@ -106,8 +119,11 @@ def options_from_mapping(conf: dict, base: ServerOptions, warn=None,
             continue
         elif k in _LATER:
             continue
-        elif warn is not None:
-            warn("%s: unknown field %r" % (path or "config", key))
+        elif isinstance(mapping, conf.ConfMap) and mapping.is_used_variable(key):
+            continue   # a key defined only to be used as $key is not a field
+        else:
+            # nats-server refuses unknown fields (server/opts.go unknownConfigFieldErr).
+            raise ValueError('%s: unknown field "%s"' % (_where(mapping, key, path), key))
     if no_auth_user is not None:
         auth = changes.get("auth", base.auth)
         changes["auth"] = dataclasses.replace(auth, no_auth_user=no_auth_user)

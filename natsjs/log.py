@@ -59,6 +59,25 @@ class Logger:
         if self.trace_enabled:
             self._write("[TRC]", msg % args if args else msg)
 
+    def reopen(self, path: str | None = None, logtime: bool | None = None) -> None:
+        """Reopen the log file (SIGUSR1 / --signal reopen, or a reload that moved it)."""
+        if logtime is not None:
+            self.logtime = logtime
+        if path is None:
+            path = self.path
+        if self._owned:
+            try:
+                self._out.close()
+            except OSError:
+                pass
+        self.path = path
+        if path:
+            self._out = open(path, "a", buffering=1, encoding="utf-8")
+            self._owned = True
+        else:
+            self._out = sys.stderr
+            self._owned = False
+
     def close(self) -> None:
         if self._owned:
             self._out.close()

@@ -23,6 +23,8 @@ DEFAULT_PING_INTERVAL = 120.0
 DEFAULT_PING_MAX_OUT = 2
 DEFAULT_FLUSH_DEADLINE = 10.0
 DEFAULT_AUTH_TIMEOUT = 2.0
+DEFAULT_LAME_DUCK_DURATION = 120.0
+DEFAULT_LAME_DUCK_GRACE_PERIOD = 10.0
 RANDOM_PORT = -1
 
 
@@ -47,6 +49,8 @@ class ServerOptions:
     log_file: str = ""
     pid_file: str = ""
     config_file: str = ""
+    lame_duck_duration: float = DEFAULT_LAME_DUCK_DURATION
+    lame_duck_grace_period: float = DEFAULT_LAME_DUCK_GRACE_PERIOD
     auth: AuthOptions = field(default_factory=AuthOptions)
     accounts: tuple[AccountConfig, ...] = ()
     system_account: str = DEFAULT_SYSTEM_ACCOUNT
@@ -66,3 +70,7 @@ class ServerOptions:
             raise ValueError("max_control_line must be positive")
         if not (self.port == RANDOM_PORT or 0 <= self.port <= 65535):
             raise ValueError("invalid port %d" % self.port)
+        if self.lame_duck_grace_period >= self.lame_duck_duration:
+            raise ValueError("lame duck grace period (%gs) should be strictly lower than lame "
+                             "duck duration (%gs)" % (self.lame_duck_grace_period,
+                                                      self.lame_duck_duration))

@@ -75,7 +75,10 @@ class Server:
         self._nursery: trio.Nursery | None = None
         self._listener: socket.socket | None = None
         self.ready = trio.Event()
+        self.stopped = trio.Event()
         self.shutting_down = False
+        self.lame_duck = False
+        self._accept_scope = trio.CancelScope()
 
     # ---- running ---------------------------------------------------------------
 
@@ -99,6 +102,7 @@ class Server:
                     await nursery.start(monitor.serve, self)
                 log.info("Listening for client connections on %s:%d",
                          _display_host(opts.host), self.port)
+                self._accept_scope = trio.CancelScope()
                 nursery.start_soon(self._accept_loop, lsock)
                 log.info("Server is ready")
                 self.ready.set()
@@ -106,6 +110,7 @@ class Server:
         finally:
             lsock.close()
             log.info("Server Exiting..")
+            self.stopped.set()
 
     def shutdown(self) -> None:
         """Close every connection and listener; ``run`` returns when they are gone."""
@@ -113,10 +118,109 @@ class Server:
             return
         self.shutting_down = True
         self.log.info("Initiating Shutdown...")
+        self._accept_scope.cancel()
         for c in list(self.clients.values()):
             c.close(SERVER_SHUTDOWN)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+
+    async def graceful_shutdown(self, timeout: float = 2.0) -> None:
+        """Stop accepting, give pending output a moment to drain, then shut down."""
+        self._accept_scope.cancel()
+        with trio.move_on_after(timeout):
+            for c in list(self.clients.values()):
+                c.flush()
+                await c.wait_drained(timeout)
+        self.shutdown()
+
+    async def enter_lame_duck_mode(self) -> None:
+        """Stop accepting, tell clients (INFO ldm), then close them spread over time.
+
+        The shape of nats-server's lameDuckMode (server/server.go): clients get an INFO
+        with ``ldm: true`` so they reconnect elsewhere; after the grace period the
+        remaining connections are closed one by one over the rest of
+        lame_duck_duration (at most a second apart), then the server shuts down.
+        """
+        if self.lame_duck or self.shutting_down:
+            return
+        self.lame_duck = True
+        opts = self.opts
+        self.log.info("Entering lame duck mode, stop accepting new clients")
+        self._accept_scope.cancel()
+        clients = list(self.clients.values())
+        if not clients:
+            self.shutdown()
+            return
+        for c in clients:
+            c.send_async_info(ldm=True)
+        await trio.sleep(opts.lame_duck_grace_period)
+        self.log.info("Closing existing clients")
+        clients = list(self.clients.values())
+        spread = max(opts.lame_duck_duration - opts.lame_duck_grace_period, 1.0)
+        interval = min(spread / max(len(clients), 1), 1.0)
+        for i, c in enumerate(clients):
+            c.close(SERVER_SHUTDOWN)
+            if i < len(clients) - 1:
+                await trio.sleep(interval * (0.5 + secrets.randbelow(1000) / 2000))
+        self.shutdown()
+
+    def reload(self, opts: ServerOptions) -> list[str]:
+        """Apply a re-read configuration to the running server; returns what changed.
+
+        Logging, limits, authorization and accounts take effect on live connections;
+        connections whose credentials no longer pass are closed, the others keep their
+        subscriptions.  Listen addresses and the server name need a restart (nats-server
+        refuses to reload them too), so they are kept and reported.
+        """
+        opts.validate()
+        old = self.opts
+        fixed = [k for k in ("host", "port", "server_name", "http_port", "http_host")
+                 if getattr(old, k) != getattr(opts, k)]
+        if fixed:
+            self.log.error("Config reload: not supported for %s; keeping the running values",
+                           ", ".join(fixed))
+            opts = opts.replace(**{k: getattr(old, k) for k in fixed})
+        changed = [f for f in opts.__dataclass_fields__ if getattr(old, f) != getattr(opts, f)]
+        self.opts = opts
+        self.log.debug_enabled = opts.debug
+        self.log.trace_enabled = opts.trace
+        if opts.log_file != old.log_file or opts.logtime != old.logtime:
+            self.log.reopen(path=opts.log_file, logtime=opts.logtime)
+        if opts.accounts != old.accounts or opts.system_account != old.system_account:
+            self._reload_accounts(opts)
+        for c in list(self.clients.values()):
+            core = c.core
+            core.max_payload = opts.max_payload
+            core.max_control_line = opts.max_control_line
+            core.max_pending = opts.max_pending
+            c.on_trace_changed()
+            if opts.auth != old.auth or opts.accounts != old.accounts:
+                c.reauthorize()
+        self.log.info("Reloaded server configuration%s",
+                      (": " + ", ".join(changed)) if changed else "")
+        return changed
+
+    def _reload_accounts(self, opts: ServerOptions) -> None:
+        for acc in self.accounts.values():
+            for sub in acc.internal_subs:
+                acc.sublist.remove(sub)
+            acc.internal_subs.clear()
+            acc.reset_imports()
+        for cfg in opts.accounts:
+            acc = self.accounts.get(cfg.name)
+            if acc is None:
+                self.accounts[cfg.name] = Account(cfg.name, cfg)
+            else:
+                acc.config = cfg
+        if opts.system_account not in self.accounts:
+            self.accounts[opts.system_account] = Account(opts.system_account)
+        for acc in self.accounts.values():
+            acc.is_system = acc.name == opts.system_account
+        self.system_account = self.accounts[opts.system_account]
+        for acc in self.accounts.values():
+            acc.wire_imports(self, self.accounts)
+        from natsjs import sysreq
+        sysreq.install(self)
 
     def _listen(self, host: str, port: int) -> socket.socket:
         if port == RANDOM_PORT:
@@ -132,6 +236,10 @@ class Server:
         return lsock
 
     async def _accept_loop(self, lsock: socket.socket) -> None:
+        with self._accept_scope:
+            await self._accept(lsock)
+
+    async def _accept(self, lsock: socket.socket) -> None:
         delay = ACCEPT_MIN_SLEEP
         while True:
             try:
@@ -260,8 +368,11 @@ class Server:
         }
         return info
 
-    def client_info_line(self, client: Client, connect_info: bool = False) -> bytes:
+    def client_info_line(self, client: Client, connect_info: bool = False,
+                         ldm: bool = False) -> bytes:
         info = self.info()
+        if ldm:
+            info["ldm"] = True
         if self.auth_required:
             info["auth_required"] = True
         info["client_id"] = client.cid

@@ -1,0 +1,190 @@
+"""Operations: config reload (SIGHUP / --signal reload), lame duck mode, shutdown."""
+import asyncio
+import signal
+import subprocess
+import sys
+
+import nats
+import pytest
+from nats.errors import TimeoutError as NatsTimeout
+
+from conftest import start_natsjs, start_reference
+
+TIMEOUT = 10
+SIGNAL_CMD = [sys.executable, "-m", "natsjs", "--signal"]
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def write(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+def reload_and_wait(server, pidfile, count):
+    subprocess.run(SIGNAL_CMD + ["reload=%s" % pidfile], check=True, timeout=TIMEOUT)
+    server.wait_for(__import__("re").compile(
+        (r"(Reloaded server configuration[^\n]*\n[\s\S]*){%d}" % count).encode()))
+
+
+PERMS = """
+authorization { users = [
+  { user: pub, password: p, permissions: { publish: %s } }
+  { user: other, password: o }
+] }
+"""
+
+
+def test_reload_changes_permissions_live(tmp_path):
+    conf = write(tmp_path / "s.conf", PERMS % '"allowed.>"')
+    pidfile = str(tmp_path / "s.pid")
+    server = start_natsjs("-c", conf, "-P", pidfile)
+    try:
+        async def main():
+            errors = []
+
+            async def on_error(e):
+                errors.append(str(e).lower())
+            pub = await nats.connect(server.url, user="pub", password="p", error_cb=on_error,
+                                     allow_reconnect=False)
+            other = await nats.connect(server.url, user="other", password="o",
+                                       allow_reconnect=False)
+            sub = await other.subscribe(">")
+            await other.flush()
+            await pub.publish("later.x", b"denied")
+            await pub.publish("allowed.x", b"ok")
+            await pub.flush()
+            assert (await sub.next_msg(timeout=TIMEOUT)).subject == "allowed.x"
+            assert any("permissions violation" in e for e in errors)
+
+            write(tmp_path / "s.conf", PERMS % '["allowed.>", "later.>"]')
+            reload_and_wait(server, pidfile, 1)
+            await pub.publish("later.x", b"now allowed")
+            await pub.flush()
+            assert (await sub.next_msg(timeout=TIMEOUT)).subject == "later.x"
+            assert pub.is_connected and other.is_connected      # nobody was dropped
+
+            # A user removed from the file is disconnected; the others stay.
+            write(tmp_path / "s.conf",
+                  'authorization { users = [ { user: other, password: o } ] }\n')
+            reload_and_wait(server, pidfile, 2)
+            for _ in range(100):
+                if pub.is_closed:
+                    break
+                await asyncio.sleep(0.02)
+            assert pub.is_closed
+            await other.flush()
+            assert other.is_connected
+            await other.close()
+        run(main())
+    finally:
+        server.stop()
+
+
+def test_bad_config_on_reload_keeps_the_running_server(tmp_path):
+    conf = write(tmp_path / "s.conf", "port: -1\n")
+    pidfile = str(tmp_path / "s.pid")
+    server = start_natsjs("-c", conf, "-P", pidfile)
+    try:
+        write(tmp_path / "s.conf", "port: -1\nauthorization { users = [ }\n")
+        subprocess.run(SIGNAL_CMD + ["reload=%s" % pidfile], check=True, timeout=TIMEOUT)
+        server.wait_for(__import__("re").compile(rb"Failed to reload server configuration"))
+        assert server.alive()
+
+        async def main():
+            nc = await nats.connect(server.url, allow_reconnect=False)
+            await nc.flush()
+            await nc.close()
+        run(main())
+    finally:
+        server.stop()
+
+
+def test_unknown_field_is_refused_like_the_reference(tmp_path):
+    conf = write(tmp_path / "u.conf", "port: 4222\nfoo_bar: 1\n")
+    ours = subprocess.run([sys.executable, "-m", "natsjs", "-c", conf], capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    from conftest import reference_server_binary
+    ref = subprocess.run([reference_server_binary(), "-c", conf], capture_output=True,
+                         text=True, timeout=TIMEOUT)
+    assert ours.returncode != 0 and ref.returncode != 0
+    expected = '%s:2:1: unknown field "foo_bar"' % conf
+    assert expected in ours.stderr
+    assert expected in ref.stderr
+
+
+@pytest.mark.parametrize("kind", ["natsjs", "reference"])
+def test_lame_duck_moves_clients_to_another_server(tmp_path, kind):
+    conf = write(tmp_path / "ldm.conf", "lame_duck_duration: 30s\nlame_duck_grace_period: 1s\n")
+    start = start_natsjs if kind == "natsjs" else start_reference
+    duck = start("-c", conf)
+    other = start_natsjs()
+    try:
+        async def main():
+            moved = asyncio.Event()
+
+            async def on_reconnect():
+                moved.set()
+            nc = await nats.connect(servers=[duck.url, other.url], dont_randomize=True,
+                                    reconnect_time_wait=0.05, max_reconnect_attempts=100,
+                                    reconnected_cb=on_reconnect)
+            assert nc.connected_url.port == duck.port
+            duck.proc.send_signal(signal.SIGUSR2)
+            duck.wait_for(__import__("re").compile(rb"[Ll]ame duck mode"))
+            await asyncio.wait_for(moved.wait(), TIMEOUT)
+            assert nc.connected_url.port == other.port
+            sub = await nc.subscribe("after.ldm")
+            await nc.publish("after.ldm", b"still here")
+            assert (await sub.next_msg(timeout=TIMEOUT)).data == b"still here"
+            await nc.close()
+        run(main())
+        assert duck.proc.wait(TIMEOUT) == 0        # it shut itself down afterwards
+    finally:
+        duck.stop()
+        other.stop()
+
+
+def test_lame_duck_info_and_no_new_clients(tmp_path):
+    import socket
+    conf = write(tmp_path / "ldm.conf", "lame_duck_duration: 30s\nlame_duck_grace_period: 2s\n")
+    server = start_natsjs("-c", conf)
+    try:
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT)
+        s.recv(4096)
+        s.sendall(b'CONNECT {"verbose":false,"protocol":1}\r\nPING\r\n')
+        buf = b""
+        while buf.count(b"\r\n") < 2:          # PONG and the connect_info INFO
+            buf += s.recv(4096)
+        server.proc.send_signal(signal.SIGUSR2)
+        data = b""
+        while b'"ldm":true' not in data:
+            chunk = s.recv(4096)
+            assert chunk, data
+            data += chunk
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", server.port), timeout=1).recv(1)
+        s.close()
+    finally:
+        server.stop()
+
+
+def test_sigterm_is_graceful(natsjs_server):
+    server = natsjs_server()
+
+    async def main():
+        nc = await nats.connect(server.url, allow_reconnect=False)
+        await nc.flush()
+        closed = asyncio.Event()
+        nc._closed_cb = None
+        server.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.get_running_loop().run_in_executor(None, server.proc.wait, 10) == 0
+        for _ in range(100):
+            if not nc.is_connected:
+                break
+            await asyncio.sleep(0.02)
+        assert not nc.is_connected
+        await nc.close()
+    run(main())
+    assert "Server Exiting" in server.text()
