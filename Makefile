@@ -77,3 +77,19 @@ else
 	$(PY) -m bench.profile --scenario $(SCENARIO) --out $(RESULTS)/flame-$(SCENARIO).svg \
 		$(BENCH_TOOLS) $(PROFILE_ARGS)
 endif
+
+# ---- single-file binary: packaging/README.md -----------------------------------------
+# dist/natsjs-server: the server, its Cython modules and a Python runtime in one
+# executable (PyInstaller --onefile, packaging/natsjs-server.spec) that runs where no
+# Python is set up.  PYINSTALLER is the `binary` extra's requirement in pyproject.toml.
+PYINSTALLER ?= pyinstaller>=6.10,<7
+BINARY_DIST ?= dist
+BINARY_WORK ?= build/pyinstaller
+
+.PHONY: binary
+binary: build
+	$(PY) -c 'import PyInstaller' 2>/dev/null || $(PY) -m pip install -q '$(PYINSTALLER)'
+	PYINSTALLER_CONFIG_DIR='$(abspath $(BINARY_WORK))/cache' $(PY) -m PyInstaller \
+		--noconfirm --clean --log-level WARN \
+		--distpath '$(BINARY_DIST)' --workpath '$(BINARY_WORK)' packaging/natsjs-server.spec
+	@ls -l '$(BINARY_DIST)/natsjs-server'
