@@ -1,19 +1,10 @@
-"""A client connection: steps 1 and 5 of a message's path.
+"""A client connection: the NATS client protocol on top of ``Connection``.
 
-Step 1, the read loop: bytes from the socket go to the Cython core
-(``ClientCore.feed``, natsjs/_core/fanout.pyx), which parses them and appends the
-resulting frames to the outbound buffers of the subscribers.  Step 5, after each
-read batch: every connection written to is flushed once (``Server.flush_pcd``) --
-straight from the reader with one non-blocking ``send`` when its socket has room,
-else by waking that connection's write loop, which waits for the socket under the
-write deadline.
-
-Control operations (CONNECT, SUB, UNSUB, PING, PONG) come back from the core as
-``_on_op`` calls; they are rare enough to live in Python.
-
-The socket is a plain non-blocking socket driven with ``trio.lowlevel``'s
-``wait_readable``/``wait_writable``: the same readiness model trio's own sockets
-use, without their per-call wrapper costs on the hot path.
+The read and write loops, flushing and back-pressure live in natsjs/connection.py;
+the Cython core (``ClientCore``) turns PUB/HPUB into MSG/HMSG frames without coming
+back here.  This module handles what the core hands up through ``_on_op``: CONNECT
+(authentication, natsjs/auth.py), SUB/UNSUB (permissions, the account's sublist),
+PING/PONG, and the INFO the client gets on connect and on changes.
 """
 from __future__ import annotations
 
@@ -27,35 +18,15 @@ from natsjs._core import parser as P
 from natsjs._core.fanout import ClientCore
 from natsjs._core.parser import ProtocolError
 from natsjs._core.sublist import Subscription
+from natsjs.connection import (CLIENT_CLOSED, PROTOCOL_VIOLATION, SERVER_SHUTDOWN,  # noqa: F401
+                               Connection)
 from natsjs.auth import (AUTHENTICATION_TIMEOUT, AUTHORIZATION_VIOLATION, PermissionChecker,
                          authenticate, new_nonce)
 
 if TYPE_CHECKING:  # pragma: no cover
     from natsjs.server import Server
 
-# Read buffer sizes: start small, grow while reads fill the buffer, shrink when idle
-# (nats-server does the same between 512 B and 64 KB, server/client.go readLoop).
-MIN_READ = 512
-MAX_READ = 65536
-# A producer waits at most this long per read batch for a consumer that is falling
-# behind (server/client.go stallClientMaxDuration).
-STALL_WAIT = 0.005
-
 CLIENT_PROTO_INFO = 1
-# How long a connection closed with an -ERR is drained so the client can read it.
-LINGER = 1.0
-
-# Reasons a connection closed, as nats-server names them in /connz.
-CLIENT_CLOSED = "Client Closed"
-SLOW_CONSUMER_PENDING = "Slow Consumer (Pending Bytes)"
-SLOW_CONSUMER_DEADLINE = "Slow Consumer (Write Deadline)"
-STALE_CONNECTION = "Stale Connection"
-PROTOCOL_VIOLATION = "Protocol Violation"
-MAX_PAYLOAD_EXCEEDED = "Maximum Message Payload Exceeded"
-MAX_CONTROL_LINE_EXCEEDED = "Maximum Control Line Exceeded"
-READ_ERROR = "Read Error"
-WRITE_ERROR = "Write Error"
-SERVER_SHUTDOWN = "Server Shutdown"
 MAX_CONNECTIONS = "Maximum Connections Exceeded"
 AUTH_VIOLATION_REASON = "Authentication Failure"
 AUTH_TIMEOUT_REASON = "Authentication Timeout"
@@ -79,21 +50,19 @@ def _check_connect_types(opts: dict) -> None:
         raise ProtocolError("processConnect: protocol is not an integer")
 
 
-class Client:
+class Client(Connection):
     """One client connection, owned by the server's nursery."""
 
+    kind = "Client"
+
     def __init__(self, server: "Server", sock: socket.socket, cid: int, addr):
-        self.server = server
-        self.sock = sock
-        self.cid = cid
-        self.host, self.port = addr[0], addr[1]
         opts = server.opts
         self.account = server.account
-        self.core = ClientCore(
-            self._on_op, self, self.account.sublist,
-            opts.max_control_line, opts.max_payload, opts.max_pending)
+        core = ClientCore(self._on_op, self, self.account.sublist,
+                          opts.max_control_line, opts.max_payload, opts.max_pending)
+        super().__init__(server, sock, cid, addr, core)
         self.auth_required = server.auth_required
-        self.core.connect_required = self.auth_required
+        core.connect_required = self.auth_required
         self.nonce = new_nonce() if opts.auth.has_nkeys or any(
             u.nkey for a in opts.accounts for u in a.users) else ""
         self.user = None
@@ -106,169 +75,28 @@ class Client:
         self.protocol = 0
         self.connect_received = False
         self.first_pong_sent = False
-        self.pings_out = 0
-        self.write_blocked = False
-        self._wake = trio.lowlevel.ParkingLot()
-        self._drained = trio.lowlevel.ParkingLot()
-        self._scope: trio.CancelScope | None = None
-        self.closed_reason: str | None = None
-        self._linger = False
-        self.start = trio.current_time()
-        self.last_activity = self.start
-        self.log_prefix = "%s:%d - cid:%d - " % (self.host, self.port, cid)
         if server.log.trace_enabled:
-            self.core.on_trace = self._trace_in
+            core.on_trace = self._trace_in
 
     # ---- lifecycle -------------------------------------------------------------
 
-    async def run(self) -> None:
-        log = self.server.log
-        log.debug(self.log_prefix + "Client connection created")
-        try:
-            with trio.CancelScope() as scope:
-                self._scope = scope
-                self.send(self.server.client_info_line(self))
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._write_loop)
-                    nursery.start_soon(self._ping_loop)
-                    if self.auth_required:
-                        nursery.start_soon(self._auth_timeout)
-                    await self._read_loop()
-                    nursery.cancel_scope.cancel()
-            if self._linger:
-                await self._linger_close()
-        finally:
-            self._teardown()
+    async def on_start(self) -> bool:
+        self.send(self.server.client_info_line(self))
+        return True
 
-    async def _linger_close(self) -> None:
-        """After an -ERR, half-close and drain briefly so the client reads the error.
+    def start_tasks(self, nursery: trio.Nursery) -> None:
+        if self.auth_required:
+            nursery.start_soon(self._auth_timeout)
 
-        Closing a socket with unread input makes the kernel send a reset, and a reset
-        can destroy the -ERR before the client reads it (likely when the client is
-        still sending the oversized payload that caused it).
-        """
-        sock = self.sock
-        with trio.move_on_after(LINGER):
-            while self.core.out:
-                await trio.lowlevel.wait_writable(sock)
-                try:
-                    del self.core.out[:sock.send(self.core.out)]
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    return
-            try:
-                sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                return
-            while True:
-                try:
-                    if not sock.recv(65536):
-                        return
-                except BlockingIOError:
-                    await trio.lowlevel.wait_readable(sock)
-                except OSError:
-                    return
-
-    def close(self, reason: str, err: str | None = None) -> None:
-        """Close from any task: queue ``-ERR`` if given, flush what we can, cancel."""
-        if self.closed_reason is not None:
-            return
-        self.closed_reason = reason
-        if err is not None:
-            self.core.enqueue(b"-ERR '%s'\r\n" % err.encode())
-            self._linger = True
-        self.core.closed = True
-        self._try_send()
-        if self._scope is not None:
-            self._scope.cancel()
-        self._drained.unpark_all()
-
-    def _teardown(self) -> None:
-        if self.closed_reason is None:
-            self.closed_reason = CLIENT_CLOSED
-        self.core.closed = True
+    def on_closed(self) -> None:
         sublist = self.account.sublist
         if self.connect_received:
             self.account.client_count -= 1
         for sub in self.subs.values():
             sub.closed = True
             sublist.remove(sub)
+        self.server.route_interest(self.account, [s for s in self.subs.values()], -1)
         self.subs.clear()
-        self._drained.unpark_all()
-        try:
-            trio.lowlevel.notify_closing(self.sock)
-        except Exception:
-            pass
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-        self.server.remove_client(self)
-        self.server.log.debug(self.log_prefix + "%s connection closed: %s",
-                              "Client", self.closed_reason)
-
-    # ---- reading ---------------------------------------------------------------
-
-    async def _read_loop(self) -> None:
-        sock = self.sock
-        core = self.core
-        server = self.server
-        size = MIN_READ
-        buf = bytearray(size)
-        view = memoryview(buf)
-        while True:
-            try:
-                n = sock.recv_into(buf)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
-                continue
-            except OSError:
-                self.close(READ_ERROR)
-                return
-            if n == 0:
-                self.close(CLIENT_CLOSED)
-                return
-            self.last_activity = trio.current_time()
-            try:
-                core.feed(view[:n])
-            except ProtocolError as exc:
-                server.flush_pcd(core)
-                self._protocol_error(exc)
-                return
-            except Exception as exc:  # a bug must cost one connection, not the server
-                server.flush_pcd(core)
-                server.log.error(self.log_prefix + "internal error: %r", exc)
-                self.close(PROTOCOL_VIOLATION)
-                return
-            server.flush_pcd(core)
-            if core.closed:
-                return
-            stalled = core.stalled
-            if stalled is not None:
-                core.stalled = None
-                await stalled.conn.wait_drained(STALL_WAIT)
-            else:
-                await trio.lowlevel.checkpoint()
-            if n == size and size < MAX_READ:
-                size *= 2
-                buf = bytearray(size)
-                view = memoryview(buf)
-            elif n < size // 2 and size > MIN_READ:
-                size //= 2
-                buf = bytearray(size)
-                view = memoryview(buf)
-
-    def _protocol_error(self, exc: ProtocolError) -> None:
-        err = exc.client_error
-        self.server.log.error(self.log_prefix + "%s", exc)
-        if err == P.ERR_MAX_PAYLOAD:
-            reason = MAX_PAYLOAD_EXCEEDED
-        elif err == P.ERR_MAX_CONTROL_LINE:
-            reason = MAX_CONTROL_LINE_EXCEEDED
-        else:
-            reason = PROTOCOL_VIOLATION
-        self.close(reason, err)
 
     def on_trace_changed(self) -> None:
         self.core.on_trace = self._trace_in if self.server.log.trace_enabled else None
@@ -276,88 +104,15 @@ class Client:
     def _trace_in(self, line: bytes) -> None:
         self.server.log.trace(self.log_prefix + "<<- [%s]", line.decode("utf-8", "replace"))
 
-    # ---- writing ---------------------------------------------------------------
-
-    def send(self, data: bytes) -> None:
-        """Queue protocol bytes and flush them now if the socket has room."""
-        self.core.enqueue(data)
-        self.flush()
-
-    def flush(self) -> None:
-        """Called once per read batch for every connection written to."""
-        if not self.write_blocked:
-            self._try_send()
-
-    def _try_send(self) -> None:
-        out = self.core.out
-        if not out or self.write_blocked:
-            return
-        try:
-            n = self.sock.send(out)
-        except BlockingIOError:
-            n = 0
-        except OSError:
-            del out[:]
-            self.close(WRITE_ERROR)
-            return
-        if n:
-            del out[:n]
-        if out:
-            self.write_blocked = True
-            self._wake.unpark()
-
-    async def _write_loop(self) -> None:
-        sock = self.sock
-        out = self.core.out
-        deadline = self.server.opts.write_deadline
-        while True:
-            if not self.write_blocked:
-                await self._wake.park()
-            while out:
-                with trio.move_on_after(deadline) as cs:
-                    await trio.lowlevel.wait_writable(sock)
-                if cs.cancelled_caught:
-                    self.server.note_slow_consumer(self)
-                    self.server.log.info(
-                        self.log_prefix + "Slow Consumer Detected: WriteDeadline of %gs exceeded "
-                        "with %d chunks of %d total bytes.", deadline, 1, len(out))
-                    del out[:]
-                    self.close(SLOW_CONSUMER_DEADLINE)
-                    return
-                try:
-                    n = sock.send(out)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    del out[:]
-                    self.close(WRITE_ERROR)
-                    return
-                del out[:n]
-            self.write_blocked = False
-            self._drained.unpark_all()
-
-    async def wait_drained(self, timeout: float) -> None:
-        """Let a producer wait (briefly) for this connection to catch up."""
-        if self.write_blocked and self.closed_reason is None:
-            with trio.move_on_after(timeout):
-                await self._drained.park()
-
     # ---- events from the core ----------------------------------------------------
-
-    def slow_consumer(self) -> None:
-        """The core found our pending output over max_pending."""
-        self.server.note_slow_consumer(self)
-        self.server.log.info(self.log_prefix + "Slow Consumer Detected: MaxPending of %d Exceeded",
-                             self.core.max_pending)
-        del self.core.out[:]
-        self.close(SLOW_CONSUMER_PENDING)
 
     def auto_unsubscribe(self, sub: Subscription) -> None:
         """A subscription reached its UNSUB max."""
         if self.subs.get(sub.sid) is sub:
             del self.subs[sub.sid]
         sub.closed = True
-        self.account.sublist.remove(sub)
+        if self.account.sublist.remove(sub):
+            self.server.route_interest(self.account, [sub], -1)
 
     # ---- control operations --------------------------------------------------------
 
@@ -384,14 +139,7 @@ class Client:
     def _ok(self) -> None:
         if self.core.verbose:
             self.core.enqueue(b"+OK\r\n")
-            self._mark_pending()
-
-    def _mark_pending(self) -> None:
-        # Flushed with the rest of the read batch.
-        core = self.core
-        if not core.pending:
-            core.pending = True
-            core.pcd.append(core)
+            self.mark_pending()
 
     def _process_connect(self, args: bytes) -> None:
         try:
@@ -494,7 +242,7 @@ class Client:
         self.server.log.error(self.log_prefix + "Publish Violation - %s, Subject %r",
                               self._user_label(), subject.decode("utf-8", "replace"))
         self.core.enqueue(b"-ERR '%s'\r\n" % text.encode())
-        self._mark_pending()
+        self.mark_pending()
         return False
 
     def _user_label(self) -> str:
@@ -511,7 +259,7 @@ class Client:
 
     def _process_ping(self) -> None:
         self.core.enqueue(b"PONG\r\n")
-        self._mark_pending()
+        self.mark_pending()
         # The first PING after CONNECT from a client that understands async INFO
         # gets an INFO with connect_info (server/client.go processPing).
         if self.connect_received and not self.first_pong_sent:
@@ -540,16 +288,17 @@ class Client:
             self.server.log.error(self.log_prefix + "Subscription Violation - %s, Subject %r",
                                   self._user_label(), subject.decode("utf-8", "replace"))
             self.core.enqueue(b"-ERR '%s'\r\n" % text.encode())
-            self._mark_pending()
+            self.mark_pending()
             return
         sub = Subscription(subject, queue, sid, self.core)
         try:
             self.account.sublist.insert(sub)
         except ValueError:
             self.core.enqueue(b"-ERR 'Invalid Subject'\r\n")
-            self._mark_pending()
+            self.mark_pending()
             return
         self.subs[sid] = sub
+        self.server.route_interest(self.account, [sub], 1)
         self._ok()
 
     def _process_unsub(self, args: bytes) -> None:
@@ -569,21 +318,3 @@ class Client:
             else:
                 self.auto_unsubscribe(sub)
         self._ok()
-
-    # ---- keepalive ---------------------------------------------------------------
-
-    async def _ping_loop(self) -> None:
-        opts = self.server.opts
-        while True:
-            await trio.sleep(opts.ping_interval)
-            if self.pings_out + 1 > opts.max_pings_out:
-                self.server.log.debug(self.log_prefix + "Stale Client Connection - Closing")
-                self.close(STALE_CONNECTION, "Stale Connection")
-                return
-            self.pings_out += 1
-            self.send(b"PING\r\n")
-
-    # ---- monitoring --------------------------------------------------------------
-
-    def pending_bytes(self) -> int:
-        return len(self.core.out)

@@ -59,6 +59,7 @@ class Server:
             acc.wire_imports(self, self.accounts)
         self.account = self.accounts[GLOBAL_ACCOUNT]
         self._deliver_depth = 0
+        self.cluster = None
         self._sys_seq = 0
         from natsjs import sysreq
         sysreq.install(self)
@@ -274,7 +275,12 @@ class Server:
 
     # ---- connections -----------------------------------------------------------
 
-    def remove_client(self, client: Client) -> None:
+    def route_interest(self, account, subs, delta: int) -> None:
+        """Local interest changed: tell the routes (natsjs/cluster.py, when clustered)."""
+        if self.cluster is not None:
+            self.cluster.interest_changed(account, subs, delta)
+
+    def remove_connection(self, client) -> None:
         if self.clients.pop(client.cid, None) is not None:
             core = client.core
             self._closed_in[0] += core.in_msgs

@@ -1,0 +1,358 @@
+"""What every connection shares: steps 1 and 5 of a message's path.
+
+Step 1, the read loop: bytes from the transport (optionally S2-decoded, for a
+compressed route) go to the connection's Cython core (``ClientCore``/``RouteCore``
+in natsjs/_core/fanout.pyx), which parses them and appends the resulting frames to
+the outbound buffers of the interested connections.  Step 5, after each read batch:
+every connection written to is flushed once (``Server.flush_pcd``) -- straight from
+the reader with one non-blocking ``send`` when the socket has room, else by waking
+that connection's write loop, which waits for the socket under the write deadline.
+
+The transport (natsjs/tls.py) is the plain non-blocking socket, or TLS over it,
+driven with trio's ``wait_readable``/``wait_writable``: the readiness model trio's
+own sockets use, without their per-call wrapper costs on the hot path.  Subclasses
+(natsjs/client.py, natsjs/route.py) add the protocol: what the core's ``on_op``
+callback does with CONNECT, SUB, RS+ and the like.
+"""
+from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING
+
+import trio
+
+from natsjs._core import parser as P
+from natsjs._core.parser import ProtocolError
+from natsjs.tls import PlainTransport
+
+if TYPE_CHECKING:  # pragma: no cover
+    from natsjs.server import Server
+
+# Read buffer sizes: start small, grow while reads fill the buffer, shrink when idle
+# (nats-server does the same between 512 B and 64 KB, server/client.go readLoop).
+MIN_READ = 512
+MAX_READ = 65536
+# A producer waits at most this long per read batch for a consumer that is falling
+# behind (server/client.go stallClientMaxDuration).
+STALL_WAIT = 0.005
+# How long a connection closed with an -ERR is drained so the peer can read it.
+LINGER = 1.0
+
+# Reasons a connection closed, as nats-server names them in /connz.
+CLIENT_CLOSED = "Client Closed"
+SLOW_CONSUMER_PENDING = "Slow Consumer (Pending Bytes)"
+SLOW_CONSUMER_DEADLINE = "Slow Consumer (Write Deadline)"
+STALE_CONNECTION = "Stale Connection"
+PROTOCOL_VIOLATION = "Protocol Violation"
+MAX_PAYLOAD_EXCEEDED = "Maximum Message Payload Exceeded"
+MAX_CONTROL_LINE_EXCEEDED = "Maximum Control Line Exceeded"
+READ_ERROR = "Read Error"
+WRITE_ERROR = "Write Error"
+SERVER_SHUTDOWN = "Server Shutdown"
+
+
+class Connection:
+    """A socket, its Cython core and the tasks that move bytes; owned by the server."""
+
+    kind = "Client"
+
+    def __init__(self, server: "Server", sock: socket.socket, cid: int, addr, core):
+        self.server = server
+        self.sock = sock
+        self.transport = PlainTransport(sock)
+        self.cid = cid
+        self.host, self.port = addr[0], addr[1]
+        self.core = core
+        self.write_blocked = False
+        self.pings_out = 0
+        self._wake = trio.lowlevel.ParkingLot()
+        self._drained = trio.lowlevel.ParkingLot()
+        self._scope: trio.CancelScope | None = None
+        self.closed_reason: str | None = None
+        self._linger = False
+        # S2 stream framing (compressed routes): bytes are compressed from core.out
+        # into _zout when flushed, and decoded before the parser on the way in.
+        self.s2_reader = None
+        self.s2_writer = None
+        self._zout = bytearray()
+        self.start = trio.current_time()
+        self.last_activity = self.start
+        self.log_prefix = "%s:%d - cid:%d - " % (self.host, self.port, cid)
+
+    # ---- lifecycle -------------------------------------------------------------
+
+    async def run(self) -> None:
+        self.server.log.debug(self.log_prefix + "%s connection created", self.kind)
+        try:
+            with trio.CancelScope() as scope:
+                self._scope = scope
+                if await self.on_start():
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._write_loop)
+                        nursery.start_soon(self._ping_loop)
+                        self.start_tasks(nursery)
+                        await self._read_loop()
+                        nursery.cancel_scope.cancel()
+            if self._linger:
+                await self._linger_close()
+        finally:
+            self._teardown()
+
+    async def on_start(self) -> bool:
+        """Greet the peer (INFO, TLS); False closes the connection."""
+        return True
+
+    def start_tasks(self, nursery: trio.Nursery) -> None:
+        """Extra per-connection tasks (auth timeout, route handshake)."""
+
+    def on_closed(self) -> None:
+        """Release what the connection held (subscriptions, registrations)."""
+
+    def close(self, reason: str, err: str | None = None) -> None:
+        """Close from any task: queue ``-ERR`` if given, flush what we can, cancel."""
+        if self.closed_reason is not None:
+            return
+        self.closed_reason = reason
+        if err is not None:
+            self.core.enqueue(b"-ERR '%s'\r\n" % err.encode())
+            self._linger = True
+        self.core.closed = True
+        self._try_send()
+        if self._scope is not None:
+            self._scope.cancel()
+        self._drained.unpark_all()
+
+    async def _linger_close(self) -> None:
+        """After an -ERR, half-close and drain briefly so the peer reads the error.
+
+        Closing a socket with unread input makes the kernel send a reset, and a reset
+        can destroy the -ERR before the peer reads it (likely when the client is
+        still sending the oversized payload that caused it).
+        """
+        t = self.transport
+        with trio.move_on_after(LINGER):
+            while True:
+                out = self._outgoing()
+                if not out:
+                    break
+                await t.wait_writable()
+                try:
+                    del out[:t.send(out)]
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return
+            try:
+                t.shutdown_write()
+            except OSError:
+                return
+            buf = bytearray(65536)
+            while True:
+                try:
+                    if not t.recv_into(buf):
+                        return
+                except BlockingIOError:
+                    await t.wait_readable()
+                except OSError:
+                    return
+
+    def _teardown(self) -> None:
+        if self.closed_reason is None:
+            self.closed_reason = CLIENT_CLOSED
+        self.core.closed = True
+        self._drained.unpark_all()
+        try:
+            self.on_closed()
+        finally:
+            self.transport.close()
+            self.server.remove_connection(self)
+            self.server.log.debug(self.log_prefix + "%s connection closed: %s",
+                                  self.kind, self.closed_reason)
+
+    # ---- reading ---------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        t = self.transport
+        core = self.core
+        server = self.server
+        size = MIN_READ
+        buf = bytearray(size)
+        view = memoryview(buf)
+        while True:
+            try:
+                n = t.recv_into(buf)
+            except BlockingIOError:
+                await t.wait_readable()
+                continue
+            except OSError:
+                self.close(READ_ERROR)
+                return
+            if n == 0:
+                self.close(CLIENT_CLOSED)
+                return
+            self.last_activity = trio.current_time()
+            try:
+                if self.s2_reader is not None:
+                    core.feed(self.s2_reader.feed(view[:n]))
+                else:
+                    core.feed(view[:n])
+            except ProtocolError as exc:
+                server.flush_pcd(core)
+                self._protocol_error(exc)
+                return
+            except ValueError as exc:      # S2Error: a corrupt compressed stream
+                server.flush_pcd(core)
+                server.log.error(self.log_prefix + "%s", exc)
+                self.close(PROTOCOL_VIOLATION)
+                return
+            except Exception as exc:  # a bug must cost one connection, not the server
+                server.flush_pcd(core)
+                server.log.error(self.log_prefix + "internal error: %r", exc)
+                self.close(PROTOCOL_VIOLATION)
+                return
+            server.flush_pcd(core)
+            if core.closed:
+                return
+            stalled = core.stalled
+            if stalled is not None:
+                core.stalled = None
+                await stalled.conn.wait_drained(STALL_WAIT)
+            else:
+                await trio.lowlevel.checkpoint()
+            if n == size and size < MAX_READ:
+                size *= 2
+                buf = bytearray(size)
+                view = memoryview(buf)
+            elif n < size // 2 and size > MIN_READ:
+                size //= 2
+                buf = bytearray(size)
+                view = memoryview(buf)
+
+    def _protocol_error(self, exc: ProtocolError) -> None:
+        err = exc.client_error
+        self.server.log.error(self.log_prefix + "%s", exc)
+        if err == P.ERR_MAX_PAYLOAD:
+            reason = MAX_PAYLOAD_EXCEEDED
+        elif err == P.ERR_MAX_CONTROL_LINE:
+            reason = MAX_CONTROL_LINE_EXCEEDED
+        else:
+            reason = PROTOCOL_VIOLATION
+        self.close(reason, err)
+
+    # ---- writing ---------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Queue protocol bytes and flush them now if the socket has room."""
+        self.core.enqueue(data)
+        self.flush()
+
+    def flush(self) -> None:
+        """Called once per read batch for every connection written to."""
+        if not self.write_blocked:
+            self._try_send()
+
+    def _outgoing(self) -> bytearray:
+        """The bytes to put on the wire next (compressing what the core queued)."""
+        if self.s2_writer is None:
+            return self.core.out
+        out = self.core.out
+        if out:
+            self._zout += self.s2_writer.compress(bytes(out))
+            del out[:]
+        return self._zout
+
+    def _try_send(self) -> None:
+        if self.write_blocked:
+            return
+        out = self._outgoing()
+        if not out:
+            return
+        try:
+            n = self.transport.send(out)
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            del out[:]
+            self.close(WRITE_ERROR)
+            return
+        if n:
+            del out[:n]
+        if out:
+            self.write_blocked = True
+            self._wake.unpark()
+
+    async def _write_loop(self) -> None:
+        t = self.transport
+        deadline = self.server.opts.write_deadline
+        while True:
+            if not self.write_blocked:
+                await self._wake.park()
+            while True:
+                out = self._outgoing()
+                if not out:
+                    break
+                with trio.move_on_after(deadline) as cs:
+                    await t.wait_writable()
+                if cs.cancelled_caught:
+                    self.server.note_slow_consumer(self)
+                    self.server.log.info(
+                        self.log_prefix + "Slow Consumer Detected: WriteDeadline of %gs "
+                        "exceeded with %d chunks of %d total bytes.", deadline, 1, len(out))
+                    del out[:]
+                    self.close(SLOW_CONSUMER_DEADLINE)
+                    return
+                try:
+                    n = t.send(out)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    del out[:]
+                    self.close(WRITE_ERROR)
+                    return
+                del out[:n]
+            self.write_blocked = False
+            self._drained.unpark_all()
+
+    async def wait_drained(self, timeout: float) -> None:
+        """Let a producer wait (briefly) for this connection to catch up."""
+        if self.write_blocked and self.closed_reason is None:
+            with trio.move_on_after(timeout):
+                await self._drained.park()
+
+    def slow_consumer(self) -> None:
+        """The core found our pending output over max_pending."""
+        self.server.note_slow_consumer(self)
+        self.server.log.info(self.log_prefix + "Slow Consumer Detected: MaxPending of %d "
+                             "Exceeded", self.core.max_pending)
+        del self.core.out[:]
+        self.close(SLOW_CONSUMER_PENDING)
+
+    def mark_pending(self) -> None:
+        """Queue this connection for the flush at the end of the current read batch."""
+        core = self.core
+        if not core.pending:
+            core.pending = True
+            core.pcd.append(core)
+
+    # ---- keepalive ---------------------------------------------------------------
+
+    def ping_settings(self) -> tuple[float, int]:
+        opts = self.server.opts
+        return opts.ping_interval, opts.max_pings_out
+
+    async def _ping_loop(self) -> None:
+        while True:
+            interval, max_out = self.ping_settings()
+            await trio.sleep(interval)
+            if self.pings_out + 1 > max_out:
+                self.server.log.debug(self.log_prefix + "Stale %s Connection - Closing",
+                                      self.kind)
+                self.close(STALE_CONNECTION, "Stale Connection")
+                return
+            self.pings_out += 1
+            self.send(b"PING\r\n")
+
+    # ---- monitoring --------------------------------------------------------------
+
+    def pending_bytes(self) -> int:
+        return len(self.core.out) + len(self._zout)
