@@ -189,6 +189,7 @@ class Client(Connection):
             return False
         self.account = account
         self.core.sublist = account.sublist
+        self.core.account_name = account.name.encode()
         self.core.connect_required = False
         self.bind_user(user)
         return True

@@ -15,6 +15,11 @@ cdef class Conn(ProtoParser):
     cdef public long long out_bytes
     cdef public list pcd               # connections written to in this read batch
     cdef public object stalled         # a Conn over its stall threshold, or None
+    cdef public bint is_route
+    cdef public bint echo
+    cdef unsigned long long rng
+    cdef int deliver(self, Subscription sub, const unsigned char* msg) except -1
+    cdef Py_ssize_t pick(self, Py_ssize_t n)
     cdef int write_msg(self, Subscription sub,
                        const unsigned char* subj, Py_ssize_t slen,
                        const unsigned char* reply, Py_ssize_t rlen,
@@ -26,7 +31,9 @@ cdef class Conn(ProtoParser):
 
 cdef class ClientCore(Conn):
     cdef public Sublist sublist
-    cdef public bint echo
+    cdef public bytes account_name
+    cdef list rtargets                 # routes this message goes to
+    cdef list rqueues                  # per route: queue names picked on that route
     cdef public bint verbose
     cdef public bint pedantic
     cdef public bint no_responders
@@ -37,7 +44,20 @@ cdef class ClientCore(Conn):
     cdef bytes last_subject
     cdef SublistResult last_result
     cdef unsigned long long last_gen
-    cdef unsigned long long rng
     cdef SublistResult lookup(self, const unsigned char* subj, Py_ssize_t slen)
-    cdef int deliver(self, Subscription sub, const unsigned char* msg) except -1
     cdef int no_responders_reply(self) except -1
+    cdef Py_ssize_t route_target(self, Conn route) except -1
+    cdef int send_to_routes(self, const unsigned char* msg) except -1
+
+
+cdef class RouteCore(Conn):
+    cdef public dict sublists          # account name (bytes) -> Sublist
+    cdef public bytes pinned_account   # set on a pinned-account route
+    cdef int write_rmsg(self, const unsigned char* acc, Py_ssize_t alen,
+                        const unsigned char* subj, Py_ssize_t slen,
+                        const unsigned char* reply, Py_ssize_t rlen,
+                        const unsigned char* queues, Py_ssize_t qlen,
+                        const unsigned char* msg, Py_ssize_t hdr,
+                        Py_ssize_t size) except -1
+    cpdef send_rmsg(self, bytes account, bytes subject, bytes reply, bytes queues,
+                    Py_ssize_t hdr, bytes msg)

@@ -27,7 +27,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.string cimport memcmp, memcpy
 from libc.stdint cimport uint64_t
 
-from natsjs._core.parser cimport CLIENT, ProtoParser
+from natsjs._core.parser cimport CLIENT, ROUTER, ProtoParser
 from natsjs._core.parser import ProtocolError
 from natsjs._core.sublist cimport Sublist, SublistResult, Subscription
 from natsjs._core.sublist cimport literal_ok
@@ -84,6 +84,43 @@ cdef class Conn(ProtoParser):
         self.out_bytes = 0
         self.pcd = []
         self.stalled = None
+        self.is_route = False
+        self.echo = True
+        self.rng = <uint64_t>int.from_bytes(os.urandom(8), "little") | 1
+
+    cdef Py_ssize_t pick(self, Py_ssize_t n):
+        """A random index below n (xorshift64: cheap, and good enough to spread load)."""
+        self.rng ^= self.rng << 13
+        self.rng ^= self.rng >> 7
+        self.rng ^= self.rng << 17
+        return <Py_ssize_t>(self.rng % <uint64_t>n)
+
+    cdef int deliver(self, Subscription sub, const unsigned char* msg) except -1:
+        """One local delivery of the message in ``self.pa``; 1 if it was delivered."""
+        cdef Conn target
+        if sub.closed or (sub.max_msgs > 0 and sub.nmsgs >= sub.max_msgs):
+            return 0
+        if sub.callback is not None:
+            sub.nmsgs += 1
+            sub.callback(
+                sub,
+                PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len),
+                PyBytes_FromStringAndSize(<const char*>self.pa.reply, self.pa.reply_len)
+                if self.pa.reply != NULL else None,
+                self.pa.hdr,
+                PyBytes_FromStringAndSize(<const char*>msg, self.pa.size))
+            return 1
+        target = <Conn>sub.client
+        if target.closed or (target is self and not self.echo):
+            return 0
+        sub.nmsgs += 1
+        target.write_msg(sub, self.pa.subject, self.pa.subject_len, self.pa.reply,
+                         self.pa.reply_len if self.pa.reply != NULL else -1,
+                         msg, self.pa.hdr, self.pa.size)
+        target.queued(self)
+        if sub.max_msgs > 0 and sub.nmsgs >= sub.max_msgs and target.conn is not None:
+            target.conn.auto_unsubscribe(sub)
+        return 1
 
     cdef int write_msg(self, Subscription sub,
                        const unsigned char* subj, Py_ssize_t slen,
@@ -139,6 +176,9 @@ cdef class ClientCore(Conn):
                  Py_ssize_t max_payload=1048576, Py_ssize_t max_pending=MAX_PENDING_SIZE):
         Conn.__init__(self, on_op, conn, CLIENT, max_control_line, max_payload, max_pending)
         self.sublist = sublist
+        self.account_name = b"$G"
+        self.rtargets = []
+        self.rqueues = []
         # nats-server's defaults before CONNECT says otherwise (server/client.go).
         self.echo = True
         self.verbose = True
@@ -149,7 +189,6 @@ cdef class ClientCore(Conn):
         self.last_subject = None
         self.last_result = None
         self.last_gen = 0
-        self.rng = <uint64_t>int.from_bytes(os.urandom(8), "little") | 1
 
     cdef SublistResult lookup(self, const unsigned char* subj, Py_ssize_t slen):
         cdef bytes s = self.last_subject
@@ -168,6 +207,7 @@ cdef class ClientCore(Conn):
         cdef Subscription sub
         cdef list group
         cdef Py_ssize_t delivered = 0, n, k, start, j
+        cdef bytearray q
         cdef char* p
         if self.pa.hdr >= 0 and not self.headers:
             # server/client.go processHeaderPub: ErrMsgHeadersNotSupported closes the
@@ -187,49 +227,72 @@ cdef class ClientCore(Conn):
             return 0
         r = self.lookup(self.pa.subject, self.pa.subject_len)
         for sub in r.psubs:
+            if sub.callback is None and (<Conn>sub.client).is_route:
+                # Interest on another server: one RMSG per route, whatever the number
+                # of matching subscriptions there.
+                if not (<Conn>sub.client).closed:
+                    self.route_target(<Conn>sub.client)
+                continue
             delivered += self.deliver(sub, msg)
         for group in r.qsubs:
             n = len(group)
-            self.rng ^= self.rng << 13
-            self.rng ^= self.rng >> 7
-            self.rng ^= self.rng << 17
-            start = <Py_ssize_t>(self.rng % <uint64_t>n)
+            start = self.pick(n)
             for k in range(n):
                 j = start + k
                 if j >= n:
                     j -= n
-                if self.deliver(<Subscription>group[j], msg):
+                sub = <Subscription>group[j]
+                if sub.callback is None and (<Conn>sub.client).is_route:
+                    if (<Conn>sub.client).closed:
+                        continue
+                    # A member on another server was picked: that server delivers to
+                    # one of its members of this group (the queue name rides along).
+                    j = self.route_target(<Conn>sub.client)
+                    q = <bytearray>self.rqueues[j]
+                    if len(q):
+                        q += b" "
+                    q += sub.queue
                     delivered += 1
                     break
+                if self.deliver(sub, msg):
+                    delivered += 1
+                    break
+        if self.rtargets:
+            delivered += len(self.rtargets)
+            self.send_to_routes(msg)
         if delivered == 0 and self.pa.reply != NULL and self.no_responders:
             self.no_responders_reply()
         return 0
 
-    cdef int deliver(self, Subscription sub, const unsigned char* msg) except -1:
-        cdef Conn target
-        if sub.closed or (sub.max_msgs > 0 and sub.nmsgs >= sub.max_msgs):
-            return 0
-        if sub.callback is not None:
-            sub.nmsgs += 1
-            sub.callback(
-                sub,
-                PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len),
-                PyBytes_FromStringAndSize(<const char*>self.pa.reply, self.pa.reply_len)
-                if self.pa.reply != NULL else None,
-                self.pa.hdr,
-                PyBytes_FromStringAndSize(<const char*>msg, self.pa.size))
-            return 1
-        target = <Conn>sub.client
-        if target.closed or (target is self and not self.echo):
-            return 0
-        sub.nmsgs += 1
-        target.write_msg(sub, self.pa.subject, self.pa.subject_len, self.pa.reply,
-                         self.pa.reply_len if self.pa.reply != NULL else -1,
-                         msg, self.pa.hdr, self.pa.size)
-        target.queued(self)
-        if sub.max_msgs > 0 and sub.nmsgs >= sub.max_msgs and target.conn is not None:
-            target.conn.auto_unsubscribe(sub)
-        return 1
+    cdef Py_ssize_t route_target(self, Conn route) except -1:
+        """Index of ``route`` among this message's route targets (added if new)."""
+        cdef Py_ssize_t i, n = len(self.rtargets)
+        for i in range(n):
+            if self.rtargets[i] is route:
+                return i
+        self.rtargets.append(route)
+        if n < len(self.rqueues):
+            del (<bytearray>self.rqueues[n])[:]
+        else:
+            self.rqueues.append(bytearray())
+        return n
+
+    cdef int send_to_routes(self, const unsigned char* msg) except -1:
+        cdef Py_ssize_t i
+        cdef RouteCore route
+        cdef bytearray q
+        cdef bytes acc = self.account_name
+        for i in range(len(self.rtargets)):
+            route = <RouteCore>self.rtargets[i]
+            q = <bytearray>self.rqueues[i]
+            route.write_rmsg(<const unsigned char*>PyBytes_AS_STRING(acc), PyBytes_GET_SIZE(acc),
+                             self.pa.subject, self.pa.subject_len,
+                             self.pa.reply, self.pa.reply_len if self.pa.reply != NULL else -1,
+                             <const unsigned char*>PyByteArray_AS_STRING(q),
+                             PyByteArray_GET_SIZE(q), msg, self.pa.hdr, self.pa.size)
+            route.queued(self)
+        del self.rtargets[:]
+        return 0
 
     cdef int write_msg(self, Subscription sub,
                        const unsigned char* subj, Py_ssize_t slen,
@@ -298,3 +361,128 @@ cdef class ClientCore(Conn):
                 self.queued(self)
                 return 0
         return 0
+
+
+cdef class RouteCore(Conn):
+    """A route: RMSG/HMSG in, delivered to local subscribers only (one hop)."""
+
+    def __init__(self, on_op, conn=None, dict sublists=None, Py_ssize_t max_control_line=4096,
+                 Py_ssize_t max_payload=1048576, Py_ssize_t max_pending=MAX_PENDING_SIZE):
+        Conn.__init__(self, on_op, conn, ROUTER, max_control_line, max_payload, max_pending)
+        self.sublists = sublists if sublists is not None else {}
+        self.pinned_account = None
+        self.headers = True
+        self.is_route = True
+
+    cdef int process_msg(self, const unsigned char* msg) except -1:
+        cdef Sublist sl
+        cdef SublistResult r
+        cdef Subscription sub
+        cdef list group
+        cdef bytes acc, qnames
+        cdef Py_ssize_t n, k, j, start
+        if self.pinned_account is not None:
+            acc = self.pinned_account
+        else:
+            acc = PyBytes_FromStringAndSize(<const char*>self.pa.account, self.pa.account_len)
+        sl = self.sublists.get(acc)
+        self.in_msgs += 1
+        self.in_bytes += self.pa.size
+        if sl is None:
+            return 0   # an account this server does not have: nobody here to deliver to
+        r = sl.match(PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len))
+        for sub in r.psubs:
+            # One hop: what came from a route goes to local subscribers only.
+            if sub.callback is None and (<Conn>sub.client).is_route:
+                continue
+            self.deliver(sub, msg)
+        if self.pa.queues == NULL or not r.qsubs:
+            return 0
+        qnames = PyBytes_FromStringAndSize(<const char*>self.pa.queues, self.pa.queues_len)
+        names = qnames.split()
+        for group in r.qsubs:
+            if (<Subscription>group[0]).queue not in names:
+                continue
+            n = len(group)
+            start = self.pick(n)
+            for k in range(n):
+                j = start + k
+                if j >= n:
+                    j -= n
+                sub = <Subscription>group[j]
+                if sub.callback is None and (<Conn>sub.client).is_route:
+                    continue
+                if self.deliver(sub, msg):
+                    break
+        return 0
+
+    cdef int write_rmsg(self, const unsigned char* acc, Py_ssize_t alen,
+                        const unsigned char* subj, Py_ssize_t slen,
+                        const unsigned char* reply, Py_ssize_t rlen,
+                        const unsigned char* queues, Py_ssize_t qlen,
+                        const unsigned char* msg, Py_ssize_t hdr,
+                        Py_ssize_t size) except -1:
+        """``RMSG [acc] subj [+ reply q.. | q.. | reply] size`` (HMSG: ``hdr size``)."""
+        cdef Py_ssize_t nd = _ndigits(size), hd = 0, total
+        cdef char* p
+        cdef bint with_acc = self.pinned_account is None
+        total = 5 + slen + 1 + nd + 2 + size + 2
+        if with_acc:
+            total += alen + 1
+        if qlen > 0:
+            total += 2 + qlen + 1          # "+ " or "| " and the names
+            if rlen >= 0:
+                total += rlen + 1
+        elif rlen >= 0:
+            total += rlen + 1
+        if hdr >= 0:
+            hd = _ndigits(hdr)
+            total += hd + 1
+        p = reserve(self.out, total)
+        p = _put(p, b"HMSG " if hdr >= 0 else b"RMSG ", 5)
+        if with_acc:
+            p = _put(p, acc, alen)
+            p[0] = c' '
+            p += 1
+        p = _put(p, subj, slen)
+        p[0] = c' '
+        p += 1
+        if qlen > 0:
+            p[0] = c'+' if rlen >= 0 else c'|'
+            p[1] = c' '
+            p += 2
+            if rlen >= 0:
+                p = _put(p, reply, rlen)
+                p[0] = c' '
+                p += 1
+            p = _put(p, queues, qlen)
+            p[0] = c' '
+            p += 1
+        elif rlen >= 0:
+            p = _put(p, reply, rlen)
+            p[0] = c' '
+            p += 1
+        if hdr >= 0:
+            p = _put_int(p, hdr, hd)
+            p[0] = c' '
+            p += 1
+        p = _put_int(p, size, nd)
+        p[0] = c'\r'
+        p[1] = c'\n'
+        p = _put(p + 2, msg, size)
+        p[0] = c'\r'
+        p[1] = c'\n'
+        self.out_msgs += 1
+        self.out_bytes += size
+        return 0
+
+    cpdef send_rmsg(self, bytes account, bytes subject, bytes reply, bytes queues,
+                    Py_ssize_t hdr, bytes msg):
+        """Forward one message from server code (Server.deliver); no flush."""
+        self.write_rmsg(<const unsigned char*>PyBytes_AS_STRING(account), PyBytes_GET_SIZE(account),
+                        <const unsigned char*>PyBytes_AS_STRING(subject), PyBytes_GET_SIZE(subject),
+                        <const unsigned char*>PyBytes_AS_STRING(reply) if reply is not None else NULL,
+                        PyBytes_GET_SIZE(reply) if reply is not None else -1,
+                        <const unsigned char*>PyBytes_AS_STRING(queues) if queues else NULL,
+                        PyBytes_GET_SIZE(queues) if queues else 0,
+                        <const unsigned char*>PyBytes_AS_STRING(msg), hdr, PyBytes_GET_SIZE(msg))

@@ -60,6 +60,8 @@ cdef class ProtoParser:
     # Set when the connection is closed: the rest of the read batch is dropped, as the
     # reference stops at the error.
     cdef public bint closed
+    # A route dedicated to one account (pinned): RMSG/HMSG carry no account.
+    cdef public bint no_account
 
     cpdef feed(self, data)
     cdef int _control(self, const unsigned char* ctl, Py_ssize_t n,

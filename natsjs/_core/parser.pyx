@@ -128,6 +128,7 @@ cdef class ProtoParser:
         self.on_trace = None
         self.connect_required = False
         self.closed = False
+        self.no_account = False
 
     cpdef feed(self, data):
         """Parse everything in ``data`` (any bytes-like object, any split)."""
@@ -282,7 +283,7 @@ cdef class ProtoParser:
     cdef int _parse_pub(self, int op, const unsigned char* arg, Py_ssize_t n) except -1:
         cdef Py_ssize_t starts[MAX_ARGS]
         cdef Py_ssize_t lens[MAX_ARGS]
-        cdef Py_ssize_t c, first_q, last_q, k, nsize
+        cdef Py_ssize_t c, first_q, last_q, k, nsize, o
         c = split_args(arg, n, starts, lens, MAX_ARGS)
         self.pa.reply = NULL
         self.pa.reply_len = 0
@@ -305,26 +306,29 @@ cdef class ProtoParser:
             self.pa.subject_len = lens[0]
         else:
             # RMSG acc subj [reply] size | RMSG acc subj (+ reply | "|") q1 q2 ... size
-            # (server/route.go processRoutedMsgArgs); HMSG adds the header size.
+            # (server/route.go processRoutedMsgArgs); HMSG adds the header size.  A
+            # pinned-account route leaves the account out.
             nsize = 1 if op == M_RMSG else 2
-            if c > MAX_ARGS or c < 2 + nsize:
+            o = 0 if self.no_account else 1
+            if c > MAX_ARGS or c < 1 + o + nsize:
                 raise ProtocolError("processRoutedMsgArgs Parse Error: %r" % _snippet(arg, n))
-            self.pa.account = arg + starts[0]
-            self.pa.account_len = lens[0]
-            self.pa.subject = arg + starts[1]
-            self.pa.subject_len = lens[1]
-            if c == 3 + nsize:
-                self.pa.reply = arg + starts[2]
-                self.pa.reply_len = lens[2]
-            elif c > 3 + nsize:
-                if lens[2] != 1 or (arg[starts[2]] != c'+' and arg[starts[2]] != c'|'):
+            if o:
+                self.pa.account = arg + starts[0]
+                self.pa.account_len = lens[0]
+            self.pa.subject = arg + starts[o]
+            self.pa.subject_len = lens[o]
+            if c == 2 + o + nsize:
+                self.pa.reply = arg + starts[o + 1]
+                self.pa.reply_len = lens[o + 1]
+            elif c > 2 + o + nsize:
+                if lens[o + 1] != 1 or (arg[starts[o + 1]] != c'+' and arg[starts[o + 1]] != c'|'):
                     raise ProtocolError("processRoutedMsgArgs Bad or Missing Reply Indicator: %r"
                                         % _snippet(arg, n))
-                first_q = 3
-                if arg[starts[2]] == c'+':
-                    self.pa.reply = arg + starts[3]
-                    self.pa.reply_len = lens[3]
-                    first_q = 4
+                first_q = o + 2
+                if arg[starts[o + 1]] == c'+':
+                    self.pa.reply = arg + starts[o + 2]
+                    self.pa.reply_len = lens[o + 2]
+                    first_q = o + 3
                 last_q = c - nsize - 1
                 if last_q >= first_q:
                     self.pa.queues = arg + starts[first_q]

@@ -143,15 +143,26 @@ cpdef bint subject_matches(bytes pattern, bytes subject):
 
 cdef void _add_node(_Node node, list psubs, dict groups):
     cdef list g
+    cdef Subscription m
+    cdef int k
     if node.psubs:
         psubs.extend(node.psubs)
     if node.qsubs:
         for q, members in (<dict>node.qsubs).items():
             g = groups.get(q)
             if g is None:
-                groups[q] = list(members)
-            else:
-                g.extend(members)
+                g = []
+                groups[q] = g
+            for m in members:
+                # A route's queue subscription stands for ``qweight`` members on the
+                # other server; it is listed that many times so that a uniform pick
+                # over the group is a fair pick over all members cluster-wide
+                # (server/sublist.go addNodeToResults).
+                if m.qweight > 1:
+                    for k in range(m.qweight):
+                        g.append(m)
+                else:
+                    g.append(m)
 
 
 cdef void _match_level(_Level level, list toks, Py_ssize_t i, list psubs, dict groups):
