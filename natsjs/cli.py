@@ -229,6 +229,9 @@ async def _run(opts: ServerOptions, log: Logger, argv: list[str]) -> int:
             return 1
     try:
         async with trio.open_nursery() as nursery:
+            # Signal handlers first: a SIGTERM that arrives as soon as the server
+            # listens must already mean a graceful shutdown.
+            await nursery.start(_signals, server, argv)
             try:
                 await nursery.start(server.run)
             except OSError as exc:
@@ -236,7 +239,6 @@ async def _run(opts: ServerOptions, log: Logger, argv: list[str]) -> int:
                           exc.strerror or str(exc))
                 nursery.cancel_scope.cancel()
                 return 1
-            nursery.start_soon(_signals, server, argv)
             await server.stopped.wait()
             nursery.cancel_scope.cancel()
     finally:
@@ -248,11 +250,12 @@ async def _run(opts: ServerOptions, log: Logger, argv: list[str]) -> int:
     return 0
 
 
-async def _signals(server, argv: list[str]) -> None:
+async def _signals(server, argv: list[str], task_status=trio.TASK_STATUS_IGNORED) -> None:
     """SIGINT/SIGTERM: shut down; SIGHUP: reload; SIGUSR1: reopen the log; SIGUSR2: ldm."""
     async with trio.open_nursery() as nursery:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
                                        signal.SIGUSR1, signal.SIGUSR2) as signals:
+            task_status.started()
             async for signum in signals:
                 server.log.debug("Trapped %r signal", signal.Signals(signum).name)
                 if signum in (signal.SIGINT, signal.SIGTERM):

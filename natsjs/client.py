@@ -37,6 +37,22 @@ _CONNECT_STRINGS = ("name", "lang", "version", "user", "pass", "auth_token", "nk
                     "jwt")
 
 
+def _go_quote(data: bytes) -> str:
+    """Go's %q of a byte string, as nats-server prints payloads in traces."""
+    out = []
+    for b in data:
+        c = chr(b)
+        if c == '"' or c == "\\":
+            out.append("\\" + c)
+        elif 32 <= b < 127:
+            out.append(c)
+        elif c in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[c])
+        else:
+            out.append("\\x%02x" % b)
+    return '"' + "".join(out) + '"'
+
+
 def _check_connect_types(opts: dict) -> None:
     """Reject what Go's json.Unmarshal into the CONNECT struct would reject."""
     for key in _CONNECT_BOOLS:
@@ -75,8 +91,7 @@ class Client(Connection):
         self.protocol = 0
         self.connect_received = False
         self.first_pong_sent = False
-        if server.log.trace_enabled:
-            core.on_trace = self._trace_in
+        self.on_trace_changed()
 
     # ---- lifecycle -------------------------------------------------------------
 
@@ -99,10 +114,31 @@ class Client(Connection):
         self.subs.clear()
 
     def on_trace_changed(self) -> None:
-        self.core.on_trace = self._trace_in if self.server.log.trace_enabled else None
+        """Wire the core's trace hooks to the log when -V is on (nothing otherwise)."""
+        on = self.server.log.trace_enabled
+        self.core.on_trace = self._trace_in if on else None
+        self.core.on_trace_payload = self._trace_payload_in if on else None
+        self.core.on_trace_out = self._trace_msg_out if on else None
+
+    def _trace(self, direction: str, text: str) -> None:
+        self.server.log.trace(self.log_prefix + "%s %s", direction, text)
 
     def _trace_in(self, line: bytes) -> None:
-        self.server.log.trace(self.log_prefix + "<<- [%s]", line.decode("utf-8", "replace"))
+        self._trace("<<-", "[%s]" % line.decode("utf-8", "replace"))
+
+    def _trace_payload_in(self, payload: bytes) -> None:
+        self._trace("<<-", "MSG_PAYLOAD: [%s]" % _go_quote(payload))
+
+    def _trace_msg_out(self, line: bytes, payload: bytes) -> None:
+        self._trace("->>", "[%s]" % line.decode("utf-8", "replace"))
+        self._trace("->>", "MSG_PAYLOAD: [%s]" % _go_quote(payload))
+
+    def queue_proto(self, data: bytes) -> None:
+        """Queue a protocol line for the flush at the end of this read batch."""
+        if self.core.on_trace is not None:
+            self._trace("->>", "[%s]" % data.rstrip(b"\r\n").decode("utf-8", "replace"))
+        self.core.enqueue(data)
+        self.mark_pending()
 
     # ---- events from the core ----------------------------------------------------
 
@@ -138,8 +174,7 @@ class Client(Connection):
 
     def _ok(self) -> None:
         if self.core.verbose:
-            self.core.enqueue(b"+OK\r\n")
-            self.mark_pending()
+            self.queue_proto(b"+OK\r\n")
 
     def _process_connect(self, args: bytes) -> None:
         try:
@@ -242,8 +277,7 @@ class Client(Connection):
             subject.decode("utf-8", "replace"))
         self.server.log.error(self.log_prefix + "Publish Violation - %s, Subject %r",
                               self._user_label(), subject.decode("utf-8", "replace"))
-        self.core.enqueue(b"-ERR '%s'\r\n" % text.encode())
-        self.mark_pending()
+        self.queue_proto(b"-ERR '%s'\r\n" % text.encode())
         return False
 
     def _user_label(self) -> str:
@@ -259,8 +293,7 @@ class Client(Connection):
             self.close(AUTH_TIMEOUT_REASON, AUTHENTICATION_TIMEOUT)
 
     def _process_ping(self) -> None:
-        self.core.enqueue(b"PONG\r\n")
-        self.mark_pending()
+        self.queue_proto(b"PONG\r\n")
         # The first PING after CONNECT from a client that understands async INFO
         # gets an INFO with connect_info (server/client.go processPing).
         if self.connect_received and not self.first_pong_sent:
@@ -288,15 +321,13 @@ class Client(Connection):
                 text = "Permissions Violation for Subscription to %s" % s
             self.server.log.error(self.log_prefix + "Subscription Violation - %s, Subject %r",
                                   self._user_label(), subject.decode("utf-8", "replace"))
-            self.core.enqueue(b"-ERR '%s'\r\n" % text.encode())
-            self.mark_pending()
+            self.queue_proto(b"-ERR '%s'\r\n" % text.encode())
             return
         sub = Subscription(subject, queue, sid, self.core)
         try:
             self.account.sublist.insert(sub)
         except ValueError:
-            self.core.enqueue(b"-ERR 'Invalid Subject'\r\n")
-            self.mark_pending()
+            self.queue_proto(b"-ERR 'Invalid Subject'\r\n")
             return
         self.subs[sid] = sub
         self.server.route_interest(self.account, [sub], 1)

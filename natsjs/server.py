@@ -92,6 +92,10 @@ class Server:
         log.info("  ID:       %s", self.server_id)
         if opts.config_file:
             log.info("Using configuration file: %s", opts.config_file)
+        if self.shutting_down:      # a signal arrived before we got this far
+            self.stopped.set()
+            task_status.started(self)
+            return
         lsock = self._listen(opts.host, opts.port)
         self._listener = lsock
         self.port = lsock.getsockname()[1]

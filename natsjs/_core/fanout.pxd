@@ -16,6 +16,7 @@ cdef class Conn(ProtoParser):
     cdef public list pcd               # connections written to in this read batch
     cdef public object stalled         # a Conn over its stall threshold, or None
     cdef public bint is_route
+    cdef public object on_trace_out    # (-V) on_trace_out(frame_line, payload)
     cdef public bint echo
     cdef unsigned long long rng
     cdef int deliver(self, Subscription sub, const unsigned char* msg) except -1

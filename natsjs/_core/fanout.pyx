@@ -85,6 +85,7 @@ cdef class Conn(ProtoParser):
         self.pcd = []
         self.stalled = None
         self.is_route = False
+        self.on_trace_out = None
         self.echo = True
         self.rng = <uint64_t>int.from_bytes(os.urandom(8), "little") | 1
 
@@ -304,6 +305,7 @@ cdef class ClientCore(Conn):
         cdef Py_ssize_t sidlen = PyBytes_GET_SIZE(sid)
         cdef Py_ssize_t nd, hd = 0, total
         cdef char* p
+        cdef char* start
         if hdr >= 0 and (hdr == 0 or not self.headers):
             # A client that did not announce headers gets the payload alone, as
             # nats-server strips them for it; an empty header block is no header.
@@ -318,6 +320,7 @@ cdef class ClientCore(Conn):
             hd = _ndigits(hdr)
             total += 1 + hd + 1
         p = reserve(self.out, total)
+        start = p
         if hdr >= 0:
             p = _put(p, b"HMSG ", 5)
         else:
@@ -336,6 +339,10 @@ cdef class ClientCore(Conn):
             p[0] = c' '
             p += 1
         p = _put_int(p, size, nd)
+        if self.on_trace_out is not None:
+            self.on_trace_out(PyBytes_FromStringAndSize(start, p - start),
+                              PyBytes_FromStringAndSize(<const char*>msg, size))
+            # the callback may not touch self.out, so p stays valid
         p[0] = c'\r'
         p[1] = c'\n'
         p = _put(p + 2, msg, size)

@@ -54,6 +54,7 @@ cdef class ProtoParser:
     cdef object on_op
     # Raw control-line tracer (``-V``): on_trace(line_bytes) or None.
     cdef public object on_trace
+    cdef public object on_trace_payload
     # Authentication pending: every operation but CONNECT is an Authorization
     # Violation (server/parser.go authErr).
     cdef public bint connect_required

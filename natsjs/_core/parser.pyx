@@ -126,6 +126,7 @@ cdef class ProtoParser:
         self.payload = bytearray()
         self.on_op = on_op
         self.on_trace = None
+        self.on_trace_payload = None
         self.connect_required = False
         self.closed = False
         self.no_account = False
@@ -226,6 +227,9 @@ cdef class ProtoParser:
                     raise ProtocolError("message payload not followed by CRLF: %r"
                                         % _snippet(rest + self.pa.size, 2),
                                         ERR_UNKNOWN_OP)
+                if self.on_trace_payload is not None:
+                    self.on_trace_payload(PyBytes_FromStringAndSize(<const char*>rest,
+                                                                    self.pa.size))
                 self.process_msg(rest)
                 del self.line[:]
                 used[0] = total
@@ -372,6 +376,8 @@ cdef class ProtoParser:
     cdef int _finish_msg(self, const unsigned char* msg) except -1:
         if msg[self.pa.size] != c'\r' or msg[self.pa.size + 1] != c'\n':
             raise ProtocolError("message payload not followed by CRLF", ERR_UNKNOWN_OP)
+        if self.on_trace_payload is not None:
+            self.on_trace_payload(PyBytes_FromStringAndSize(<const char*>msg, self.pa.size))
         self.process_msg(msg)
         return 0
 
