@@ -38,6 +38,22 @@ Authorization Options:
         --pass <password>            Password required for connections
         --auth <token>               Authorization token required for connections
 
+Cluster Options:
+        --routes <rurl-1, rurl-2>    Routes to solicit and connect
+        --cluster <cluster-url>      Cluster URL for solicited routes
+        --cluster_name <string>      Cluster Name, if not set one will be dynamically generated
+        --no_advertise <bool>        Do not advertise known cluster information to clients
+        --cluster_advertise <string> Cluster URL to advertise to other servers
+        --connect_retries <number>   For implicit routes, number of connect retries
+        --cluster_listen <url>       Cluster url from which members can solicit routes
+
+TLS Options:
+        --tls                        Enable TLS, do not verify clients (default: false)
+        --tlscert <file>             Server certificate file
+        --tlskey <file>              Private key for server certificate
+        --tlsverify                  Enable TLS, verify client certificates
+        --tlscacert <file>           Client certificate CA for verification
+
 Logging Options:
     -l, --log <file>                 File to redirect log output
     -T, --logtime                    Timestamp log entries (default: true)
@@ -76,6 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user", "-user", dest="auth_user")
     p.add_argument("--pass", "-pass", dest="auth_pass")
     p.add_argument("--auth", "-auth", dest="auth_token")
+    p.add_argument("--cluster", "-cluster", "--cluster_listen", "-cluster_listen",
+                   dest="cluster_url")
+    p.add_argument("--routes", "-routes", dest="routes")
+    p.add_argument("--cluster_name", "-cluster_name", dest="cluster_name")
+    p.add_argument("--cluster_advertise", "-cluster_advertise", dest="cluster_advertise")
+    p.add_argument("--no_advertise", "-no_advertise", dest="no_advertise", nargs="?",
+                   const="true")
+    p.add_argument("--connect_retries", "-connect_retries", dest="connect_retries", type=int)
+    p.add_argument("--tls", "-tls", dest="tls", action="store_true")
+    p.add_argument("--tlscert", "-tlscert", dest="tlscert")
+    p.add_argument("--tlskey", "-tlskey", dest="tlskey")
+    p.add_argument("--tlscacert", "-tlscacert", dest="tlscacert")
+    p.add_argument("--tlsverify", "-tlsverify", dest="tlsverify", action="store_true")
     p.add_argument("-l", "--log", "-log", dest="log_file")
     p.add_argument("-T", "--logtime", "-logtime", dest="logtime", nargs="?", const="true")
     p.add_argument("--logtime_utc", "-logtime_utc", dest="logtime_utc", action="store_true",
@@ -119,9 +148,53 @@ def options_from_args(argv: list[str], warn=None) -> tuple[ServerOptions, argpar
         if ns.auth_token:
             auth = dataclasses.replace(auth, token=ns.auth_token)
         changes["auth"] = auth
+    cluster = _cluster_from_flags(ns, opts.cluster)
+    if cluster is not None:
+        changes["cluster"] = cluster
+    if ns.tls or ns.tlsverify or ns.tlscert or ns.tlskey or ns.tlscacert:
+        import dataclasses
+        from natsjs.tls import TLSConfig
+        tls = opts.tls or TLSConfig()
+        tls = dataclasses.replace(
+            tls, cert_file=ns.tlscert or tls.cert_file, key_file=ns.tlskey or tls.key_file,
+            ca_file=ns.tlscacert or tls.ca_file, verify=tls.verify or ns.tlsverify)
+        changes["tls"] = tls
     opts = opts.replace(**changes)
     opts.validate()
     return opts, ns
+
+
+def _cluster_from_flags(ns, cluster):
+    """--cluster, --routes and friends on top of the config file's cluster block."""
+    import dataclasses
+    from urllib.parse import urlsplit
+    from natsjs.options import ClusterOptions
+    if not any(v is not None for v in (ns.cluster_url, ns.routes, ns.cluster_name,
+                                        ns.cluster_advertise, ns.no_advertise,
+                                        ns.connect_retries)):
+        return None
+    changes = {}
+    if ns.cluster_url:
+        u = urlsplit(ns.cluster_url if "://" in ns.cluster_url else "nats://" + ns.cluster_url)
+        creds, _, hostport = u.netloc.rpartition("@")
+        host, _, port = hostport.rpartition(":")
+        changes["host"] = host.strip("[]") or "0.0.0.0"
+        changes["port"] = int(port) if port else 0
+        if creds:
+            user, _, password = creds.partition(":")
+            changes["username"] = user
+            changes["password"] = password
+    if ns.routes:
+        changes["routes"] = tuple(r.strip() for r in ns.routes.split(",") if r.strip())
+    if ns.cluster_name:
+        changes["name"] = ns.cluster_name
+    if ns.cluster_advertise:
+        changes["advertise"] = ns.cluster_advertise
+    if ns.no_advertise is not None:
+        changes["no_advertise"] = _bool(ns.no_advertise)
+    if ns.connect_retries is not None:
+        changes["connect_retries"] = ns.connect_retries
+    return dataclasses.replace(cluster or ClusterOptions(), **changes)
 
 
 # --signal names -> the signal the running server acts on (server/signal.go).

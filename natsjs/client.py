@@ -96,7 +96,21 @@ class Client(Connection):
     # ---- lifecycle -------------------------------------------------------------
 
     async def on_start(self) -> bool:
-        self.send(self.server.client_info_line(self))
+        server = self.server
+        info = server.client_info_line(self)
+        if server.tls_context is None:
+            self.send(info)
+            return True
+        from natsjs.tls import TLS_HANDSHAKE_FAILURE, TLSHandshakeError, accept_tls
+        try:
+            self.transport = await accept_tls(self.sock, server.tls_context, server.opts.tls,
+                                              info)
+        except TLSHandshakeError as exc:
+            log = server.log.debug if exc.probe else server.log.error
+            log(self.log_prefix + "TLS handshake error: %s", exc)
+            self.closed_reason = TLS_HANDSHAKE_FAILURE
+            return False
+        self.flush()
         return True
 
     def start_tasks(self, nursery: trio.Nursery) -> None:

@@ -13,7 +13,8 @@ import dataclasses
 from natsjs import conf
 from natsjs.accounts import check_imports, parse_accounts
 from natsjs.auth import parse_authorization
-from natsjs.options import ServerOptions
+from natsjs.options import COMPRESSION_MODES, ClusterOptions, ServerOptions
+from natsjs.tls import TLSConfig
 
 
 def parse_size(value) -> int:
@@ -39,8 +40,113 @@ def _listen(value: str) -> tuple[str, int]:
 
 
 # Keys accepted now but implemented by later issues (or needing nothing here).
-_LATER = {"cluster", "jetstream", "tls", "leafnodes", "gateway", "websocket", "mqtt",
+_LATER = {"jetstream", "leafnodes", "gateway", "websocket", "mqtt",
           "server_tags", "http_base_path", "operator", "resolver"}
+
+
+# Aliases nats-server accepts for compression modes (opts.go
+# validateAndNormalizeCompressionOption), for routes.
+_COMPRESSION_ALIASES = {"on": "accept", "enabled": "accept", "true": "accept",
+                        "disabled": "off", "false": "off", "auto": "s2_auto",
+                        "fast": "s2_fast", "better": "s2_better", "best": "s2_best",
+                        "uncompressed": "s2_uncompressed"}
+
+
+def parse_compression(value, path: str = "") -> tuple[str, tuple[float, ...] | None]:
+    """``compression: s2_fast`` / ``true`` / ``{mode: s2_auto, rtt_thresholds: [...]}``."""
+    thresholds = None
+    if isinstance(value, bool):
+        mode = "s2_fast" if value else "off"
+    elif isinstance(value, str):
+        mode = value
+    elif isinstance(value, dict):
+        mode = "accept"
+        for k, v in value.items():
+            lk = k.lower()
+            if lk == "mode":
+                mode = str(v)
+            elif lk in ("rtt_thresholds", "thresholds", "rtts", "rtt"):
+                if not isinstance(v, list):
+                    raise ValueError("%s: rtt_thresholds must be an array" % _where(value, k, path))
+                thresholds = tuple(parse_duration(x) for x in v)
+                while thresholds and thresholds[-1] == 0:
+                    thresholds = thresholds[:-1]
+                if len(thresholds) > 4:
+                    raise ValueError("compression mode %r: at most 4 rtt thresholds" % mode)
+            else:
+                raise ValueError('%s: unknown field "%s"' % (_where(value, k, path), k))
+    else:
+        raise ValueError("compression: unexpected value %r" % (value,))
+    mode = _COMPRESSION_ALIASES.get(mode.lower(), mode.lower())
+    if mode not in COMPRESSION_MODES:
+        raise ValueError('unsupported compression mode "%s"' % mode)
+    return mode, thresholds
+
+
+def parse_cluster(value, path: str = "") -> ClusterOptions:
+    if not isinstance(value, dict):
+        raise ValueError("cluster: expected a map, got %r" % (value,))
+    kw: dict = {}
+    for key, v in value.items():
+        k = key.lower()
+        if k == "name":
+            kw["name"] = str(v)
+        elif k == "listen":
+            host, port = _listen(v)
+            if host:
+                kw["host"] = host
+            kw["port"] = port
+        elif k in ("host", "net"):
+            kw["host"] = str(v)
+        elif k == "port":
+            kw["port"] = int(v)
+        elif k in ("cluster_advertise", "advertise"):
+            kw["advertise"] = str(v)
+        elif k == "no_advertise":
+            kw["no_advertise"] = bool(v)
+        elif k == "routes":
+            if not isinstance(v, list):
+                raise ValueError("%s: routes must be an array" % _where(value, key, path))
+            kw["routes"] = tuple(str(r) for r in v)
+        elif k == "connect_retries":
+            kw["connect_retries"] = int(v)
+        elif k == "connect_backoff":
+            kw["connect_backoff"] = bool(v)
+        elif k == "authorization":
+            if not isinstance(v, dict):
+                raise ValueError("cluster authorization: expected a map")
+            for ak, av in v.items():
+                lak = ak.lower()
+                if lak in ("user", "username"):
+                    kw["username"] = str(av)
+                elif lak in ("pass", "password"):
+                    kw["password"] = str(av)
+                elif lak == "timeout":
+                    kw["auth_timeout"] = parse_duration(av)
+                else:
+                    raise ValueError('%s: unknown field "%s"' % (_where(v, ak, path), ak))
+        elif k == "pool_size":
+            kw["pool_size"] = int(v)
+        elif k == "accounts":
+            kw["accounts"] = tuple(str(a) for a in v)
+        elif k == "compression":
+            mode, thresholds = parse_compression(v, path)
+            kw["compression"] = mode
+            if thresholds is not None:
+                kw["rtt_thresholds"] = thresholds
+        elif k == "ping_interval":
+            kw["ping_interval"] = parse_duration(v)
+        elif k == "ping_max":
+            kw["max_pings_out"] = int(v)
+        elif k in ("tls", "permissions", "write_deadline", "write_timeout"):
+            continue   # not implemented yet: accepted so documented configs load
+        elif isinstance(value, conf.ConfMap) and value.is_used_variable(key):
+            continue
+        else:
+            raise ValueError('%s: unknown field "%s"' % (_where(value, key, path), key))
+    if kw.get("pool_size") == 0:
+        kw["pool_size"] = 3
+    return ClusterOptions(**kw)
 
 
 def _where(mapping, key: str, path: str) -> str:
@@ -106,6 +212,10 @@ def options_from_mapping(mapping: dict, base: ServerOptions, warn=None,
             changes["lame_duck_duration"] = ldd
         elif k == "lame_duck_grace_period":
             changes["lame_duck_grace_period"] = parse_duration(value)
+        elif k == "cluster":
+            changes["cluster"] = parse_cluster(value, path)
+        elif k == "tls":
+            changes["tls"] = TLSConfig.from_conf(value, warn=warn)
         elif k == "authorization":
             changes["auth"] = parse_authorization(value)
         elif k == "accounts":

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from natsjs.accounts import DEFAULT_SYSTEM_ACCOUNT, AccountConfig
 from natsjs.auth import AuthOptions
+from natsjs.tls import TLSConfig
 
 DEFAULT_PORT = 4222
 DEFAULT_HOST = "0.0.0.0"
@@ -26,6 +27,54 @@ DEFAULT_AUTH_TIMEOUT = 2.0
 DEFAULT_LAME_DUCK_DURATION = 120.0
 DEFAULT_LAME_DUCK_GRACE_PERIOD = 10.0
 RANDOM_PORT = -1
+
+
+DEFAULT_ROUTE_POOL_SIZE = 3
+DEFAULT_RTT_THRESHOLDS = (0.010, 0.050, 0.100)
+# Route compression modes (server/route.go, server/opts.go).
+COMPRESSION_OFF = "off"
+COMPRESSION_ACCEPT = "accept"
+COMPRESSION_S2_AUTO = "s2_auto"
+COMPRESSION_S2_UNCOMPRESSED = "s2_uncompressed"
+COMPRESSION_S2_FAST = "s2_fast"
+COMPRESSION_S2_BETTER = "s2_better"
+COMPRESSION_S2_BEST = "s2_best"
+COMPRESSION_NOT_SUPPORTED = "not supported"
+COMPRESSION_MODES = (COMPRESSION_OFF, COMPRESSION_ACCEPT, COMPRESSION_S2_AUTO,
+                     COMPRESSION_S2_UNCOMPRESSED, COMPRESSION_S2_FAST, COMPRESSION_S2_BETTER,
+                     COMPRESSION_S2_BEST)
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """The ``cluster {}`` block (server/opts.go parseCluster)."""
+    name: str = ""
+    host: str = "0.0.0.0"
+    port: int = 0
+    advertise: str = ""
+    no_advertise: bool = False
+    routes: tuple[str, ...] = ()
+    connect_retries: int = 0
+    connect_backoff: bool = False
+    username: str = ""
+    password: str = ""
+    auth_timeout: float = DEFAULT_AUTH_TIMEOUT
+    pool_size: int = DEFAULT_ROUTE_POOL_SIZE
+    accounts: tuple[str, ...] = ()
+    compression: str = COMPRESSION_ACCEPT
+    rtt_thresholds: tuple[float, ...] = DEFAULT_RTT_THRESHOLDS
+    ping_interval: float = 0.0
+    max_pings_out: int = 0
+
+    def validate(self) -> None:
+        if self.compression not in COMPRESSION_MODES:
+            raise ValueError('unsupported compression mode "%s"' % self.compression)
+        if self.pool_size < 0 and self.accounts:
+            raise ValueError("pool_size cannot be negative if pinned accounts are specified")
+        if len(set(self.accounts)) != len(self.accounts):
+            raise ValueError("duplicate account name in cluster accounts")
+        if list(self.rtt_thresholds) != sorted(self.rtt_thresholds):
+            raise ValueError("compression rtt_thresholds must be in ascending order")
 
 
 @dataclass(frozen=True)
@@ -54,6 +103,8 @@ class ServerOptions:
     auth: AuthOptions = field(default_factory=AuthOptions)
     accounts: tuple[AccountConfig, ...] = ()
     system_account: str = DEFAULT_SYSTEM_ACCOUNT
+    tls: TLSConfig | None = None
+    cluster: ClusterOptions | None = None
 
     def replace(self, **changes) -> "ServerOptions":
         return dataclasses.replace(self, **changes)
@@ -70,6 +121,8 @@ class ServerOptions:
             raise ValueError("max_control_line must be positive")
         if not (self.port == RANDOM_PORT or 0 <= self.port <= 65535):
             raise ValueError("invalid port %d" % self.port)
+        if self.cluster is not None:
+            self.cluster.validate()
         if self.lame_duck_grace_period >= self.lame_duck_duration:
             raise ValueError("lame duck grace period (%gs) should be strictly lower than lame "
                              "duck duration (%gs)" % (self.lame_duck_grace_period,

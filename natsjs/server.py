@@ -53,16 +53,26 @@ class Server:
             self.accounts[cfg.name] = Account(cfg.name, cfg)
         if opts.system_account not in self.accounts:
             self.accounts[opts.system_account] = Account(opts.system_account)
+        for acc in self.accounts.values():
+            acc.on_interest = self.route_interest
         self.system_account = self.accounts[opts.system_account]
         self.system_account.is_system = True
         for acc in self.accounts.values():
             acc.wire_imports(self, self.accounts)
         self.account = self.accounts[GLOBAL_ACCOUNT]
+        self.tls_context = None
+        if opts.tls is not None:
+            from natsjs.tls import make_server_context
+            self.tls_context = make_server_context(opts.tls)
         self._deliver_depth = 0
         self.cluster = None
+        self._own_urls: list[str] | None = None
         self._sys_seq = 0
         from natsjs import sysreq
         sysreq.install(self)
+        if opts.cluster is not None:
+            from natsjs.cluster import Cluster
+            self.cluster = Cluster(self, opts.cluster)
         self.clients: dict[int, Client] = {}
         self._cid = 0
         self.total_connections = 0
@@ -107,6 +117,8 @@ class Server:
                     await nursery.start(monitor.serve, self)
                 log.info("Listening for client connections on %s:%d",
                          _display_host(opts.host), self.port)
+                if self.cluster is not None:
+                    await nursery.start(self.cluster.run)
                 self._accept_scope = trio.CancelScope()
                 nursery.start_soon(self._accept_loop, lsock)
                 log.info("Server is ready")
@@ -126,6 +138,9 @@ class Server:
         self._accept_scope.cancel()
         for c in list(self.clients.values()):
             c.close(SERVER_SHUTDOWN)
+        if self.cluster is not None:
+            for r in list(self.cluster.routes):
+                r.close(SERVER_SHUTDOWN)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
@@ -152,6 +167,8 @@ class Server:
         opts = self.opts
         self.log.info("Entering lame duck mode, stop accepting new clients")
         self._accept_scope.cancel()
+        if self.cluster is not None:
+            self.cluster.send_ldm()
         clients = list(self.clients.values())
         if not clients:
             self.shutdown()
@@ -209,18 +226,23 @@ class Server:
         for acc in self.accounts.values():
             for sub in acc.internal_subs:
                 acc.sublist.remove(sub)
+            self.route_interest(acc, acc.internal_subs, -1)
             acc.internal_subs.clear()
             acc.reset_imports()
         for cfg in opts.accounts:
             acc = self.accounts.get(cfg.name)
             if acc is None:
-                self.accounts[cfg.name] = Account(cfg.name, cfg)
+                acc = self.accounts[cfg.name] = Account(cfg.name, cfg)
+                acc.on_interest = self.route_interest
             else:
                 acc.config = cfg
         if opts.system_account not in self.accounts:
-            self.accounts[opts.system_account] = Account(opts.system_account)
+            acc = self.accounts[opts.system_account] = Account(opts.system_account)
+            acc.on_interest = self.route_interest
         for acc in self.accounts.values():
             acc.is_system = acc.name == opts.system_account
+        if self.cluster is not None:
+            self.cluster.accounts_changed()
         self.system_account = self.accounts[opts.system_account]
         for acc in self.accounts.values():
             acc.wire_imports(self, self.accounts)
@@ -280,9 +302,12 @@ class Server:
     # ---- connections -----------------------------------------------------------
 
     def route_interest(self, account, subs, delta: int) -> None:
-        """Local interest changed: tell the routes (natsjs/cluster.py, when clustered)."""
-        if self.cluster is not None:
-            self.cluster.interest_changed(account, subs, delta)
+        """Local interest changed: count it, and tell the routes when clustered."""
+        cluster = self.cluster
+        for sub in subs:
+            n = account.note_interest(sub, delta)
+            if cluster is not None:
+                cluster.interest_changed(account, sub, n, delta)
 
     def remove_connection(self, client) -> None:
         if self.clients.pop(client.cid, None) is not None:
@@ -302,7 +327,7 @@ class Server:
             target.conn.flush()
 
     def deliver(self, account: Account, subject: bytes, reply: bytes | None, msg: bytes,
-                hdr: int = -1) -> int:
+                hdr: int = -1, to_routes: bool = True) -> int:
         """Publish from server code into ``account``: imports, $SYS replies, services.
 
         The same matching as a client's PUB, in Python since these paths are not the
@@ -315,16 +340,34 @@ class Server:
         try:
             r = account.sublist.match(subject)
             targets = []
+            routes: dict = {}        # route core -> queue names picked on it
             n = 0
             for sub in r.psubs:
+                if sub.callback is None and sub.client.is_route:
+                    if to_routes and not sub.client.closed:
+                        routes.setdefault(sub.client, [])
+                    continue
                 n += self._deliver_one(sub, subject, reply, msg, hdr, targets)
             for group in r.qsubs:
                 start = secrets.randbelow(len(group))
                 for k in range(len(group)):
-                    if self._deliver_one(group[(start + k) % len(group)], subject, reply, msg,
-                                         hdr, targets):
+                    sub = group[(start + k) % len(group)]
+                    if sub.callback is None and sub.client.is_route:
+                        if not to_routes or sub.client.closed:
+                            continue
+                        routes.setdefault(sub.client, []).append(sub.queue)
                         n += 1
                         break
+                    if self._deliver_one(sub, subject, reply, msg, hdr, targets):
+                        n += 1
+                        break
+            acc_name = account.name.encode()
+            for core, queues in routes.items():
+                core.send_rmsg(acc_name, subject, reply, b" ".join(queues), hdr, msg)
+                n += 1
+                if not core.pending:
+                    core.pending = True
+                    targets.append(core)
             for core in targets:
                 core.pending = False
                 if core.conn is not None:
@@ -355,12 +398,48 @@ class Server:
     def lookup_account(self, name: str) -> Account | None:
         return self.accounts.get(name)
 
+    def _varz_cluster(self) -> dict:
+        return _varz_cluster_block(self)
+
     @property
     def auth_required(self) -> bool:
         return self.opts.auth.required or any(a.users for a in self.opts.accounts)
 
     def users_by_account(self) -> dict:
         return {a.name: a.users for a in self.opts.accounts}
+
+    def own_client_urls(self) -> list[str]:
+        """Where clients reach this server (``host:port``; each address when on 0.0.0.0)."""
+        if self._own_urls is None:
+            host = self.opts.host
+            if host in ("", "0.0.0.0", "::"):
+                addrs = []
+                try:
+                    for a in socket.gethostbyname_ex(socket.gethostname())[2]:
+                        if not a.startswith("127.") and a not in addrs:
+                            addrs.append(a)
+                except OSError:
+                    pass
+                hosts = addrs or ["127.0.0.1"]
+            else:
+                hosts = [host]
+            self._own_urls = ["%s:%d" % (h, self.port) for h in hosts]
+        return self._own_urls
+
+    def connect_urls(self) -> list[str]:
+        if self.cluster is None or self.opts.cluster.no_advertise:
+            return []
+        others = self.cluster.client_urls()
+        if not others:
+            return []
+        own = self.own_client_urls()
+        return own + [u for u in others if u not in own]
+
+    def client_urls_changed(self) -> None:
+        """The cluster's client URLs changed: tell clients that take async INFO."""
+        for c in list(self.clients.values()):
+            if c.first_pong_sent:
+                c.send_async_info()
 
     def info(self) -> dict:
         opts = self.opts
@@ -376,11 +455,19 @@ class Server:
             "max_payload": opts.max_payload,
             "natsjs": __version__,
         }
+        urls = self.connect_urls()
+        if urls:
+            info["connect_urls"] = urls
+        if self.cluster is not None:
+            info["cluster"] = self.cluster.name
         return info
 
     def client_info_line(self, client: Client, connect_info: bool = False,
                          ldm: bool = False) -> bytes:
         info = self.info()
+        if self.opts.tls is not None:
+            from natsjs.tls import info_fields
+            info.update(info_fields(self.opts.tls))
         if ldm:
             info["ldm"] = True
         if self.auth_required:
@@ -442,7 +529,7 @@ class Server:
             "max_control_line": opts.max_control_line,
             "max_payload": opts.max_payload,
             "max_pending": opts.max_pending,
-            "cluster": {},
+            "cluster": self._varz_cluster(),
             "gateway": {},
             "leaf": {},
             "mqtt": {},
@@ -459,7 +546,7 @@ class Server:
             "cpu": round(100.0 * cpu_seconds / uptime, 2) if uptime > 0 else 0.0,
             "connections": len(self.clients),
             "total_connections": self.total_connections,
-            "routes": 0,
+            "routes": len(self.cluster.routes) if self.cluster is not None else 0,
             "remotes": 0,
             "leafnodes": 0,
             "in_msgs": t["in_msgs"],
@@ -472,6 +559,21 @@ class Server:
             "config_load_time": _rfc3339(self.start_time),
             "system_account": self.system_account.name,
         }
+
+
+def _varz_cluster_block(server) -> dict:
+    c = server.cluster
+    if c is None:
+        return {}
+    copts = c.copts
+    out = {"name": c.name, "addr": copts.host or "0.0.0.0", "cluster_port": c.port,
+           "auth_timeout": copts.auth_timeout, "tls_timeout": 2,
+           "pool_size": copts.pool_size, "compression": copts.compression}
+    if copts.routes:
+        out["urls"] = [r.split("://", 1)[-1].split("@")[-1].rstrip("/") for r in copts.routes]
+    if copts.accounts:
+        out["accounts"] = list(copts.accounts)
+    return out
 
 
 def _display_host(host: str) -> str:
