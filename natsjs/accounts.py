@@ -213,11 +213,31 @@ class Account:
         self._resp_prefix = b"_R_." + os.urandom(6).hex().encode()
         self._resp_sub: Subscription | None = None
         self.client_count = 0
+        # Local interest as routes see it: (subject, queue) -> number of local
+        # subscriptions (server/route.go acc.rm).  Remote subscriptions never count.
+        self.rm: dict[tuple[bytes, bytes | None], int] = {}
+        # Called with (account, subs, delta) when local interest changes; the server
+        # points it at the cluster.
+        self.on_interest = None
+
+    def note_interest(self, sub: Subscription, delta: int) -> int:
+        key = (sub.subject, sub.queue)
+        n = self.rm.get(key, 0) + delta
+        if n > 0:
+            self.rm[key] = n
+        else:
+            self.rm.pop(key, None)
+            n = 0
+        return n
 
     def add_internal(self, subject: bytes, callback, queue: bytes | None = None) -> Subscription:
         sub = Subscription(subject, queue, b"", None, callback)
         self.sublist.insert(sub)
         self.internal_subs.append(sub)
+        if self.on_interest is not None:
+            self.on_interest(self, [sub], 1)
+        else:
+            self.note_interest(sub, 1)
         return sub
 
     # ---- wiring of imports ------------------------------------------------------------
@@ -234,7 +254,9 @@ class Account:
         dst = self
 
         def forward(sub, subject, reply, hdr, msg):
-            server.deliver(dst, _map_subject(subject, imp.subject, imp.to), reply, msg, hdr)
+            # Local subscribers only: every server of a cluster imports for its own.
+            server.deliver(dst, _map_subject(subject, imp.subject, imp.to), reply, msg, hdr,
+                           to_routes=False)
         src.add_internal(imp.subject.encode(), forward)
 
     def _wire_service_import(self, server, src: "Account", imp: Import) -> None:

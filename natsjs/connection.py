@@ -195,7 +195,13 @@ class Connection:
                 if self.s2_reader is not None:
                     core.feed(self.s2_reader.feed(view[:n]))
                 else:
-                    core.feed(view[:n])
+                    used = core.feed(view[:n])
+                    if core.pause:
+                        # A handler switched the stream (S2 from the next byte on).
+                        core.pause = False
+                        rest = bytes(view[used:n])
+                        if rest:
+                            core.feed(self.s2_reader.feed(rest) if self.s2_reader else rest)
             except ProtocolError as exc:
                 server.flush_pcd(core)
                 self._protocol_error(exc)
@@ -350,7 +356,10 @@ class Connection:
                 self.close(STALE_CONNECTION, "Stale Connection")
                 return
             self.pings_out += 1
-            self.send(b"PING\r\n")
+            self.send_ping()
+
+    def send_ping(self) -> None:
+        self.send(b"PING\r\n")
 
     # ---- monitoring --------------------------------------------------------------
 

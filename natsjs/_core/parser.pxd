@@ -63,6 +63,9 @@ cdef class ProtoParser:
     cdef public bint closed
     # A route dedicated to one account (pinned): RMSG/HMSG carry no account.
     cdef public bint no_account
+    # Set by an on_op handler to stop after the current operation: feed() then
+    # returns how much it consumed (a route switching its reader to S2).
+    cdef public bint pause
 
     cpdef feed(self, data)
     cdef int _control(self, const unsigned char* ctl, Py_ssize_t n,

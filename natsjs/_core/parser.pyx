@@ -130,9 +130,13 @@ cdef class ProtoParser:
         self.connect_required = False
         self.closed = False
         self.no_account = False
+        self.pause = False
 
     cpdef feed(self, data):
-        """Parse everything in ``data`` (any bytes-like object, any split)."""
+        """Parse ``data`` (any bytes-like object, any split); returns the bytes consumed.
+
+        That is all of them unless a handler set ``pause`` (or closed the connection).
+        """
         cdef const unsigned char[::1] view = data
         cdef Py_ssize_t n = view.shape[0]
         cdef Py_ssize_t i = 0, take, need, used, have, ctl_len
@@ -140,9 +144,9 @@ cdef class ProtoParser:
         cdef const unsigned char* nl
         cdef const unsigned char* ctl
         if n == 0:
-            return
+            return 0
         p = &view[0]
-        while i < n and not self.closed:
+        while i < n and not self.closed and not self.pause:
             if self.state == MSG_PAYLOAD:
                 have = PyByteArray_GET_SIZE(self.payload)
                 need = self.pa.size + 2 - have
@@ -164,7 +168,7 @@ cdef class ProtoParser:
                     raise ProtocolError(
                         "maximum control line exceeded (%d bytes)" % PyByteArray_GET_SIZE(self.line),
                         ERR_MAX_CONTROL_LINE)
-                return
+                return n
             if PyByteArray_GET_SIZE(self.line) > 0:
                 self.line.extend(view[i:(nl - p) + 1])
                 i = (nl - p) + 1
@@ -179,7 +183,7 @@ cdef class ProtoParser:
             used = 0
             self._control(ctl, ctl_len, p + i, n - i, &used)
             i += used
-        return
+        return i
 
     cdef Py_ssize_t _line_limit(self):
         # Routes carry account, reply and queue names, so nats-server allows them

@@ -1,0 +1,618 @@
+"""The cluster: route listener, solicitation, pooling, gossip and interest.
+
+Servers join by routes (natsjs/route.py) into a full mesh: each server dials the
+routes it is configured with and, through gossip, every other server it hears of;
+messages then take exactly one hop.  Wire behaviour follows nats-server v2.10+
+(server/route.go, server/server.go) so natsjs and nats-server nodes share a cluster:
+
+* **Pooling**: ``pool_size`` connections to every peer (default 3).  An account's
+  interest and messages use the connection at ``FNV-1a-32(account) % pool_size``
+  (computeRoutePoolIdx); the dialler fills the slots one after another, dialling the
+  next when the PONG for the previous one's PING arrives.  Pinned accounts
+  (``cluster { accounts: [...] }``, plus the system account whenever pooling is on)
+  get a connection of their own on which the account name is left out.  A peer
+  with pooling off (``pool_size: -1``, or a pre-2.10 server) gets one connection
+  carrying every account.
+* **Gossip**: when the first connection to a new peer registers, its INFO is
+  forwarded to the other peers, which dial it (implicit routes).  Clients get the
+  cluster's client URLs in INFO ``connect_urls``.
+* **Interest**: local subscriptions are counted per account (``Account.rm``); the
+  transitions become RS+/RS- on the connection that carries the account, and each
+  new connection first gets everything its accounts have.
+"""
+from __future__ import annotations
+
+import json
+import random
+import secrets
+import socket
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import trio
+
+from natsjs import NATS_VERSION, __version__
+from natsjs.options import COMPRESSION_S2_AUTO, ClusterOptions
+from natsjs.route import DUPLICATE_ROUTE, ROUTE_REMOVED, Route
+
+if TYPE_CHECKING:  # pragma: no cover
+    from natsjs.server import Server
+
+ROUTE_PROTO = 2          # RouteProtoV2: pooling-aware; natsjs does no message tracing
+DIAL_TIMEOUT = 1.0       # server/const.go DEFAULT_ROUTE_DIAL
+CONNECT_DELAY = 1.0      # DEFAULT_ROUTE_CONNECT
+CONNECT_MAX_DELAY = 30.0  # DEFAULT_ROUTE_CONNECT_MAX
+RECONNECT_DELAY = 1.0    # DEFAULT_ROUTE_RECONNECT
+
+
+def pool_index(pool_size: int, account: str) -> int:
+    """server/route.go computeRoutePoolIdx: FNV-1a 32 of the name, modulo the pool."""
+    if pool_size <= 1:
+        return 0
+    h = 0x811C9DC5
+    for b in account.encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return h % pool_size
+
+
+@dataclass
+class Solicit:
+    """One connection this server dials (and redials)."""
+    url: str
+    explicit: bool
+    account: str | None = None
+
+
+@dataclass
+class Remote:
+    """Another server of the cluster and our connections to it."""
+    server_id: str
+    name: str = ""
+    info: dict = field(default_factory=dict)
+    pool: list = field(default_factory=list)        # Route | None per pool slot
+    pinned: dict = field(default_factory=dict)      # account -> Route
+    no_pool: bool = False
+    url: str = ""
+    explicit: bool = False
+    client_urls: list = field(default_factory=list)
+
+    def routes(self) -> list[Route]:
+        return [r for r in self.pool if r is not None] + list(self.pinned.values())
+
+    def first(self) -> Route | None:
+        for r in self.pool:
+            if r is not None:
+                return r
+        return next(iter(self.pinned.values()), None)
+
+
+class Cluster:
+    def __init__(self, server: "Server", copts: ClusterOptions):
+        self.server = server
+        self.copts = copts
+        self.dynamic_name = not copts.name
+        self.name = copts.name or secrets.token_urlsafe(16)
+        self.remotes: dict[str, Remote] = {}
+        self.routes: set[Route] = set()
+        self.sublists: dict[bytes, object] = {}
+        self.port = 0
+        self.host = copts.host
+        self._nursery: trio.Nursery | None = None
+        self.accounts_changed()
+
+    # ---- configuration-derived facts ----------------------------------------------
+
+    @property
+    def pool_size(self) -> int:
+        return self.copts.pool_size
+
+    def pinned_accounts(self) -> list[str]:
+        pinned = list(self.copts.accounts)
+        sysname = self.server.system_account.name
+        if self.pool_size > 0 and sysname not in pinned:
+            pinned.append(sysname)
+        return pinned if self.pool_size > 0 else []
+
+    def accounts_changed(self) -> None:
+        self.sublists = {name.encode(): acc.sublist for name, acc in self.server.accounts.items()}
+        for r in self.routes:
+            r.core.sublists = self.sublists
+
+    # ---- running ---------------------------------------------------------------
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        copts = self.copts
+        log = self.server.log
+        lsock = self.server._listen(copts.host, copts.port if copts.port else -1)
+        self.port = lsock.getsockname()[1]
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                log.info("Cluster name is %s", self.name)
+                if self.dynamic_name:
+                    log.warn("Cluster name was dynamically generated, consider setting one")
+                log.info("Listening for route connections on %s:%d",
+                         copts.host or "0.0.0.0", self.port)
+                nursery.start_soon(self._accept_loop, lsock)
+                for url in copts.routes:
+                    self.solicit(Solicit(url, explicit=True))
+                task_status.started()
+        finally:
+            lsock.close()
+
+    def solicit(self, s: Solicit, with_pinned: bool = True) -> None:
+        """Dial ``s`` (and, for a pool connection, the pinned accounts alongside)."""
+        if self._nursery is None:
+            return
+        self._nursery.start_soon(self._solicit_loop, s)
+        if with_pinned and s.account is None:
+            for acc in self.pinned_accounts():
+                self._nursery.start_soon(self._solicit_loop, Solicit(s.url, s.explicit, acc))
+
+    async def _accept_loop(self, lsock: socket.socket) -> None:
+        server = self.server
+        while True:
+            try:
+                sock, addr = lsock.accept()
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(lsock)
+                continue
+            except OSError as exc:
+                server.log.error("Error accepting route connection: %s", exc)
+                await trio.sleep(0.1)
+                continue
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            server._cid += 1
+            route = Route(self, sock, server._cid, addr)
+            self.routes.add(route)
+            self._nursery.start_soon(route.run)
+
+    async def _dial(self, url: str) -> tuple[socket.socket, tuple] | None:
+        u = urlsplit(url if "://" in url else "nats-route://" + url)
+        host = u.hostname or "127.0.0.1"
+        try:
+            port = u.port or 6222
+            infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, ValueError) as exc:
+            self.server.log.debug("Error resolving route %s: %s", url, exc)
+            return None
+        family, _, _, _, addr = random.choice(infos)
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            try:
+                sock.connect(addr)
+            except BlockingIOError:
+                with trio.move_on_after(DIAL_TIMEOUT) as cs:
+                    await trio.lowlevel.wait_writable(sock)
+                if cs.cancelled_caught:
+                    raise OSError("i/o timeout")
+                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err:
+                    raise OSError(err, "connection refused")
+        except OSError as exc:
+            self.server.log.debug("Error trying to connect to route (%s): %s", url, exc)
+            sock.close()
+            return None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock, sock.getpeername()
+
+    async def _solicit_loop(self, s: Solicit) -> None:
+        server = self.server
+        copts = self.copts
+        attempts = 0
+        delay = CONNECT_DELAY
+        while not server.shutting_down:
+            dialed = await self._dial(s.url)
+            if dialed is None:
+                attempts += 1
+                if not s.explicit and attempts > copts.connect_retries:
+                    return
+                await trio.sleep(delay)
+                if copts.connect_backoff:
+                    delay = min(delay * 2, CONNECT_MAX_DELAY)
+                continue
+            attempts, delay = 0, CONNECT_DELAY
+            sock, addr = dialed
+            server._cid += 1
+            route = Route(self, sock, server._cid, addr, s)
+            self.routes.add(route)
+            await route.run()
+            if route.no_reconnect or server.shutting_down:
+                return
+            if not s.explicit and route.remote_id in self.remotes:
+                return   # another connection to that server took over
+            # server/route.go reconnect: explicit routes after a second, with jitter.
+            await trio.sleep((RECONNECT_DELAY if s.explicit else 0) + random.random() * 0.1)
+
+    # ---- handshake lines -------------------------------------------------------------
+
+    def connect_line(self, s: Solicit) -> bytes:
+        u = urlsplit(s.url if "://" in s.url else "nats-route://" + s.url)
+        c = {"echo": True, "verbose": False, "pedantic": False}
+        if u.username:
+            c["user"] = u.username
+            c["pass"] = u.password or ""
+        elif self.copts.username and not s.explicit:
+            # an implicit route uses our own cluster credentials (processImplicitRoute)
+            c["user"] = self.copts.username
+            c["pass"] = self.copts.password
+        c.update({"tls_required": False, "headers": True, "name": self.server.server_id,
+                  "cluster": self.name})
+        if self.dynamic_name:
+            c["cluster_dynamic"] = True
+        c["lnoc"] = True
+        return b"CONNECT " + json.dumps(c, separators=(",", ":")).encode() + b"\r\n"
+
+    def _base_info(self) -> dict:
+        server = self.server
+        copts = self.copts
+        host, port = copts.host or "0.0.0.0", self.port
+        info = {"server_id": server.server_id, "server_name": server.name,
+                "version": NATS_VERSION, "natsjs": __version__, "proto": ROUTE_PROTO,
+                "go": "natsjs", "host": host, "port": port, "headers": True}
+        if copts.username:
+            info["auth_required"] = True
+        info["max_payload"] = server.opts.max_payload
+        if copts.advertise:
+            adv = copts.advertise
+            info["ip"] = "nats-route://%s/" % adv
+            ahost, _, aport = adv.rpartition(":")
+            if ahost and aport.isdigit():
+                info["host"], info["port"] = ahost, int(aport)
+        info["cluster"] = self.name
+        if self.dynamic_name:
+            info["cluster_dynamic"] = True
+        if not copts.no_advertise:
+            info["connect_urls"] = server.own_client_urls()
+        return info
+
+    def info_line(self, route: Route, initial: bool, negotiated: str | None = None,
+                  with_slot: bool = True) -> bytes:
+        """The INFO a route connection sends (generateRouteInitialInfoJSON, addRoute)."""
+        info = self._base_info()
+        if initial:
+            info["nonce"] = secrets.token_urlsafe(11)[:15]
+            info["compression"] = self.copts.compression
+        else:
+            mode = negotiated or route.compression
+            info["compression"] = COMPRESSION_S2_AUTO \
+                if self.copts.compression == COMPRESSION_S2_AUTO else mode
+        info["lnoc"] = True
+        info["lnocu"] = True
+        if self.pool_size > 0:
+            info["route_pool_size"] = self.pool_size
+        if with_slot and route.did_solicit and not initial and route.pool_idx > 0 \
+                and route.account is None:
+            info["route_pool_idx"] = route.pool_idx
+        if route.did_solicit and route.account is not None and not initial:
+            info["route_account"] = route.account
+        return b"INFO " + json.dumps(info, separators=(",", ":")).encode() + b" \r\n"
+
+    # ---- registration ------------------------------------------------------------
+
+    def add_route(self, route: Route, info: dict, send_delayed: bool) -> None:
+        """server/route.go addRoute: place the connection, then exchange interest."""
+        server = self.server
+        sid = route.remote_id
+        remote = self.remotes.get(sid)
+        first = remote is None or not remote.routes()
+        if remote is None:
+            remote = Remote(sid)
+        remote.name = info.get("server_name", "")
+        remote.info = info
+        if route.did_solicit and route.solicit is not None:
+            remote.url = route.solicit.url
+            remote.explicit = remote.explicit or route.solicit.explicit
+        remote_pool = info.get("route_pool_size") or 0
+        no_pool = remote_pool <= 0 or self.pool_size < 0
+        account = route.account if route.did_solicit else info.get("route_account")
+        if account:
+            if no_pool:
+                route.no_reconnect = True
+                route.close(ROUTE_REMOVED, 'Not possible to have a dedicated route for account '
+                            '"%s" between those servers' % account)
+                return
+            if account not in self.pinned_accounts():
+                route.close(ROUTE_REMOVED, 'No route for account "%s"' % account)
+                return
+            if account in remote.pinned:
+                route.close(DUPLICATE_ROUTE)
+                return
+            remote.pinned[account] = route
+            route.account = account
+            route.core.pinned_account = account.encode()
+            route.core.no_account = True
+        elif no_pool:
+            if remote.first() is not None and remote.pool:
+                route.close(DUPLICATE_ROUTE)
+                return
+            remote.no_pool = True
+            remote.pool = [route]
+            route.no_pool = True
+            route.pool_idx = 0
+        else:
+            size = max(self.pool_size, remote_pool)
+            if len(remote.pool) < size:
+                remote.pool.extend([None] * (size - len(remote.pool)))
+            if route.did_solicit:
+                free = [i for i, r in enumerate(remote.pool) if r is None]
+                if not free:
+                    server.log.debug(route.log_prefix + "Route pool size reached")
+                    route.no_reconnect = True
+                    route.close(DUPLICATE_ROUTE)
+                    return
+                idx = free[0]
+            else:
+                idx = int(info.get("route_pool_idx") or 0)
+                if idx < 0 or idx >= size:
+                    route.close(ROUTE_REMOVED, "Invalid route pool index: %d - pool size is %d"
+                                % (idx, remote_pool))
+                    return
+                if remote.pool[idx] is not None:
+                    route.close(DUPLICATE_ROUTE)
+                    return
+            remote.pool[idx] = route
+            route.pool_idx = idx
+        self.remotes[sid] = remote
+        route.remote = remote
+        route.registered = True
+        server.log.debug(route.log_prefix + "Registering remote route %r%s", sid,
+                         " for account %r" % account if account else "")
+        if send_delayed:
+            route.send(self.info_line(route, initial=False))
+        self._send_all_interest(route)
+        if route.did_solicit and route.account is None and not remote.no_pool and \
+                any(r is None for r in remote.pool):
+            route.chain_next = True
+            route.send_ping()
+        if first:
+            server.log.info(route.log_prefix + "Route connection to %s (%s) registered",
+                            remote.name or sid, sid)
+            if not self.copts.no_advertise:
+                remote.client_urls = list(info.get("connect_urls") or [])
+                server.client_urls_changed()
+            if not (route.did_solicit and route.solicit is not None
+                    and not route.solicit.explicit):
+                self._gossip(remote, route)
+
+    def dial_next_pool_conn(self, route: Route) -> None:
+        remote = route.remote
+        if remote is None or route.solicit is None:
+            return
+        if any(r is None for r in remote.pool):
+            self.solicit(Solicit(route.solicit.url, route.solicit.explicit), with_pinned=False)
+
+    def route_closed(self, route: Route) -> None:
+        self.routes.discard(route)
+        for sub in route.remote_subs.values():
+            sub.closed = True
+            sl = self.sublists.get(sub.sid.split(b" ")[1]) if route.account is None else \
+                self.sublists.get(route.account.encode())
+            if sl is not None:
+                sl.remove(sub)
+        route.remote_subs.clear()
+        remote = route.remote
+        if remote is None:
+            return
+        if route.account is not None and remote.pinned.get(route.account) is route:
+            del remote.pinned[route.account]
+        for i, r in enumerate(remote.pool):
+            if r is route:
+                remote.pool[i] = None
+        if not remote.routes():
+            self.remotes.pop(remote.server_id, None)
+            if remote.client_urls:
+                remote.client_urls = []
+                self.server.client_urls_changed()
+            self.server.log.info(route.log_prefix + "Route connection to %s closed",
+                                 remote.name or remote.server_id)
+
+    # ---- gossip ------------------------------------------------------------------
+
+    def _gossip(self, remote: Remote, via: Route) -> None:
+        """Tell the other peers about a new one (forwardNewRouteInfoToKnownServers)."""
+        info = dict(remote.info)
+        info.pop("nonce", None)
+        info.pop("route_pool_idx", None)
+        info.pop("route_account", None)
+        if not info.get("ip"):
+            info["ip"] = "nats-route://%s:%d/" % (via.host, int(info.get("port") or 0))
+        line = b"INFO " + json.dumps(info, separators=(",", ":")).encode() + b"\r\n"
+        for other in list(self.remotes.values()):
+            if other is remote:
+                continue
+            r = other.first()
+            if r is not None and r.account is None:
+                r.send(line)
+
+    def async_route_info(self, route: Route, info: dict) -> None:
+        """An INFO on an established route: gossip about a peer, or lame duck."""
+        sid = info.get("server_id", "")
+        if info.get("route_acc_add_reqid") or info.get("gateway"):
+            return
+        if sid and sid != route.remote_id:
+            self._implicit_route(info)
+            return
+        if info.get("ldm") and route.remote is not None and route.remote.client_urls:
+            route.remote.client_urls = []
+            self.server.client_urls_changed()
+
+    def _implicit_route(self, info: dict) -> None:
+        sid = info.get("server_id", "")
+        if sid == self.server.server_id or info.get("route_account"):
+            return
+        remote = self.remotes.get(sid)
+        if remote is not None and remote.routes():
+            return
+        url = info.get("ip") or ""
+        if not url:
+            return
+        if self._configured(url, info):
+            return
+        self.server.log.debug("Connecting to implicit route %s", url)
+        self.solicit(Solicit(url, explicit=False))
+
+    def _configured(self, url: str, info: dict) -> bool:
+        want = {(urlsplit(url).hostname, urlsplit(url).port),
+                (info.get("host"), info.get("port"))}
+        for r in self.copts.routes:
+            u = urlsplit(r if "://" in r else "nats-route://" + r)
+            if (u.hostname, u.port) in want:
+                return True
+        return False
+
+    def adopt_name(self, name: str, keep: Route) -> None:
+        self.server.log.info("Cluster name updated to %s", name)
+        self.name = name
+        self.dynamic_name = False
+        for r in list(self.routes):
+            if r is not keep:
+                r.close(ROUTE_REMOVED)
+
+    def send_ldm(self) -> None:
+        info = self._base_info()
+        info["ldm"] = True
+        line = b"INFO " + json.dumps(info, separators=(",", ":")).encode() + b" \r\n"
+        for remote in self.remotes.values():
+            r = remote.first()
+            if r is not None:
+                r.send(line)
+
+    # ---- interest -------------------------------------------------------------------
+
+    def _route_for(self, remote: Remote, account: str) -> Route | None:
+        if remote.no_pool:
+            return remote.pool[0] if remote.pool else None
+        if account in remote.pinned:
+            return remote.pinned[account]
+        if account in self.pinned_accounts():
+            return None
+        idx = pool_index(len(remote.pool) or self.pool_size, account)
+        if idx < len(remote.pool):
+            return remote.pool[idx]
+        return None
+
+    def _accounts_for(self, route: Route) -> list[str]:
+        if route.account is not None:
+            return [route.account]
+        if route.no_pool:
+            return list(self.server.accounts)
+        pinned = self.pinned_accounts()
+        size = len(route.remote.pool) if route.remote else self.pool_size
+        return [a for a in self.server.accounts
+                if a not in pinned and pool_index(size, a) == route.pool_idx]
+
+    @staticmethod
+    def _proto(route: Route, account: str, subject: bytes, queue: bytes | None, n: int,
+               add: bool) -> bytes:
+        acc = b"" if route.account is not None else account.encode() + b" "
+        if add:
+            if queue is None:
+                return b"RS+ " + acc + subject + b"\r\n"
+            return b"RS+ " + acc + subject + b" " + queue + b" %d\r\n" % n
+        if queue is None:
+            return b"RS- " + acc + subject + b"\r\n"
+        return b"RS- " + acc + subject + b" " + queue + b"\r\n"
+
+    def _send_all_interest(self, route: Route) -> None:
+        lines = []
+        for name in self._accounts_for(route):
+            acc = self.server.accounts.get(name)
+            if acc is None:
+                continue
+            for (subject, queue), n in acc.rm.items():
+                lines.append(self._proto(route, name, subject, queue, n, True))
+        if lines:
+            route.send(b"".join(lines))
+
+    def interest_changed(self, account, sub, n: int, delta: int) -> None:
+        """A local subscription came or went; ``n`` is the new local count."""
+        if sub.queue is None:
+            if (delta > 0 and n != 1) or (delta < 0 and n != 0):
+                return
+            add = delta > 0
+        else:
+            add = n > 0
+        for remote in self.remotes.values():
+            route = self._route_for(remote, account.name)
+            if route is not None and route.registered:
+                route.send(self._proto(route, account.name, sub.subject, sub.queue, n, add))
+
+    def _parse_interest(self, route: Route, args: bytes, add: bool):
+        parts = args.split()
+        if route.account is not None:
+            acc = route.account.encode()
+        else:
+            if not parts:
+                raise ValueError("missing account")
+            acc, parts = parts[0], parts[1:]
+        if add and len(parts) == 1:
+            return acc, parts[0], None, 1
+        if add and len(parts) == 3:
+            return acc, parts[0], parts[1], max(int(parts[2]), 1)
+        if not add and len(parts) in (1, 2):
+            return acc, parts[0], parts[1] if len(parts) == 2 else None, 0
+        raise ValueError("wrong number of arguments")
+
+    def remote_sub(self, route: Route, args: bytes) -> None:
+        from natsjs._core.parser import ProtocolError
+        from natsjs._core.sublist import Subscription
+        try:
+            acc, subject, queue, weight = self._parse_interest(route, args, True)
+        except ValueError as exc:
+            raise ProtocolError("processRemoteSub Parse Error: %r (%s)" % (args, exc)) from None
+        sl = self.sublists.get(acc)
+        if sl is None:
+            self.server.log.debug(route.log_prefix + "Unknown account %r for remote subject %r",
+                                  acc, subject)
+            return
+        key = (acc, subject, queue)
+        sub = route.remote_subs.get(key)
+        if sub is not None:
+            if queue is not None and sub.qweight != weight:
+                # The weight shapes cached match results: re-insert to refresh them.
+                sl.remove(sub)
+                sub.qweight = weight
+                sl.insert(sub)
+            return
+        sid = b"R " + acc + b" " + subject + ((b" " + queue) if queue else b"")
+        sub = Subscription(subject, queue, sid, route.core, None, 0, weight)
+        try:
+            sl.insert(sub)
+        except ValueError:
+            self.server.log.error(route.log_prefix + "Error inserting remote subject %r", subject)
+            return
+        route.remote_subs[key] = sub
+
+    def remote_unsub(self, route: Route, args: bytes) -> None:
+        from natsjs._core.parser import ProtocolError
+        try:
+            acc, subject, queue, _ = self._parse_interest(route, args, False)
+        except ValueError as exc:
+            raise ProtocolError("processRemoteUnsub Parse Error: %r (%s)" % (args, exc)) from None
+        sub = route.remote_subs.pop((acc, subject, queue), None)
+        if sub is not None:
+            sub.closed = True
+            sl = self.sublists.get(acc)
+            if sl is not None:
+                sl.remove(sub)
+
+    # ---- monitoring ----------------------------------------------------------------
+
+    def routez(self, subs: str | None = None) -> dict:
+        entries = []
+        for remote in self.remotes.values():
+            for r in remote.routes():
+                entries.append(r.routez_entry(subs))
+        return {"num_routes": len(entries), "routes": entries}
+
+    def client_urls(self) -> list[str]:
+        urls = []
+        for remote in self.remotes.values():
+            for u in remote.client_urls:
+                if u not in urls:
+                    urls.append(u)
+        return urls

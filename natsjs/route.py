@@ -1,0 +1,392 @@
+"""A route connection: the cluster protocol on top of ``Connection``.
+
+Messages never come back here: a route's Cython core (``RouteCore``,
+natsjs/_core/fanout.pyx) delivers RMSG/HMSG to local subscribers only (one hop), and
+clients' cores write RMSG frames straight into a route's outbound buffer.  This
+module does the rest, as nats-server v2.10+ does it on the wire (server/route.go):
+
+* the handshake: the acceptor sends INFO at once and wants CONNECT first; the
+  dialler sends CONNECT and, when compression is configured or the connection is
+  pooled, delays its INFO until it knows which pool slot it takes;
+* compression negotiation (``select_compression``): the dialler's first INFO goes
+  out in the clear, then both sides switch to S2 (natsjs/_core/s2.pyx) and exchange
+  a second, compressed INFO before the route is registered;
+* RS+/RS- (remote interest, stored as subscriptions whose client is this route's
+  core, so a local publish finds them in the same sublist match);
+* PING/PONG with the route timings (first PING after 1-1.2 s, then at most every
+  30 s) and the RTT that ``s2_auto`` picks its level from.
+
+Registration, pooling, gossip and interest propagation live in natsjs/cluster.py.
+"""
+from __future__ import annotations
+
+import json
+import random
+import socket
+import time
+from typing import TYPE_CHECKING
+
+import trio
+
+from natsjs._core import parser as P
+from natsjs._core.fanout import RouteCore
+from natsjs._core.parser import ProtocolError
+from natsjs._core.sublist import Subscription
+from natsjs.connection import PROTOCOL_VIOLATION, Connection
+from natsjs.options import (COMPRESSION_ACCEPT, COMPRESSION_NOT_SUPPORTED, COMPRESSION_OFF,
+                            COMPRESSION_S2_AUTO, COMPRESSION_S2_BEST, COMPRESSION_S2_BETTER,
+                            COMPRESSION_S2_FAST, COMPRESSION_S2_UNCOMPRESSED)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from natsjs.cluster import Cluster, Solicit
+
+# Routes carry accounts, replies and queue names: nats-server gives them no payload
+# limit (mpay -1); ours is the largest size a PUB may have anywhere.
+ROUTE_MAX_PAYLOAD = 64 * 1024 * 1024
+FIRST_PING_INTERVAL = 1.0
+ROUTE_MAX_PING_INTERVAL = 30.0
+
+# Close reasons (server/monitor.go ClosedState names).
+DUPLICATE_ROUTE = "Duplicate Route"
+CLUSTER_NAME_CONFLICT = "Cluster Name Conflict"
+DUPLICATE_SERVER_NAME = "Duplicate Server Name"
+ROUTE_REMOVED = "Route Removed"
+AUTH_VIOLATION = "Authentication Failure"
+
+S2_LEVELS = {COMPRESSION_S2_UNCOMPRESSED: "uncompressed", COMPRESSION_S2_FAST: "fast",
+             COMPRESSION_S2_BETTER: "better", COMPRESSION_S2_BEST: "best"}
+
+
+def needs_compression(mode: str) -> bool:
+    return mode not in (COMPRESSION_OFF, COMPRESSION_NOT_SUPPORTED, "")
+
+
+def select_compression(local: str, remote: str | None) -> str:
+    """The mode this side uses, from its own and the peer's INFO (server.go
+    selectCompressionMode).  ``s2_auto`` is returned as such; the caller turns it
+    into a level from the RTT.  Raises ValueError for a mode nobody knows."""
+    if not remote or remote == COMPRESSION_NOT_SUPPORTED:
+        return COMPRESSION_NOT_SUPPORTED
+    if remote == COMPRESSION_OFF:
+        return COMPRESSION_OFF
+    if remote == COMPRESSION_ACCEPT:
+        return COMPRESSION_OFF if local == COMPRESSION_ACCEPT else local
+    if remote in (COMPRESSION_S2_AUTO, COMPRESSION_S2_UNCOMPRESSED, COMPRESSION_S2_FAST,
+                  COMPRESSION_S2_BETTER, COMPRESSION_S2_BEST):
+        if local == COMPRESSION_ACCEPT:
+            return COMPRESSION_S2_FAST if remote == COMPRESSION_S2_AUTO else remote
+        return local
+    raise ValueError('unsupported route compression mode "%s"' % remote)
+
+
+def level_for_rtt(rtt: float, thresholds: tuple[float, ...]) -> str:
+    """s2_auto: the level for a round-trip time (server/route.go selectS2AutoModeBasedOnRTT)."""
+    levels = (COMPRESSION_S2_UNCOMPRESSED, COMPRESSION_S2_FAST, COMPRESSION_S2_BETTER,
+              COMPRESSION_S2_BEST)
+    for i, t in enumerate(thresholds):
+        if t > 0 and rtt <= t:
+            return levels[i]
+    return COMPRESSION_S2_BEST if len(thresholds) >= 3 else levels[max(len(thresholds) - 1, 0)]
+
+
+class Route(Connection):
+    kind = "Router"
+
+    def __init__(self, cluster: "Cluster", sock: socket.socket, rid: int, addr,
+                 solicit: "Solicit | None" = None):
+        server = cluster.server
+        opts = server.opts
+        core = RouteCore(self._on_op, self, cluster.sublists, opts.max_control_line,
+                         ROUTE_MAX_PAYLOAD, opts.max_pending)
+        super().__init__(server, sock, rid, addr, core)
+        self.cluster = cluster
+        self.solicit = solicit
+        self.did_solicit = solicit is not None
+        self.account = solicit.account if solicit is not None else None
+        self.remote_id = ""
+        self.remote_name = ""
+        self.remote_info: dict = {}
+        self.remote = None               # cluster.Remote once registered
+        self.pool_idx = 0
+        self.no_pool = False
+        self.registered = False
+        self.info_received = False
+        self.compression = COMPRESSION_OFF
+        self.compression_negotiated = False
+        self.chain_next = False          # dial the next pool slot on our PING's PONG
+        self.no_reconnect = False
+        self.remote_subs: dict[tuple, Subscription] = {}
+        self.rtt = 0.0
+        self._ping_at = 0.0
+        self._pings_sent = 0
+        self.log_prefix = "%s:%d - rid:%d - " % (self.host, self.port, rid)
+        if not self.did_solicit:
+            core.connect_required = True   # the acceptor wants CONNECT first
+
+    # ---- lifecycle -------------------------------------------------------------
+
+    async def on_start(self) -> bool:
+        cluster = self.cluster
+        self.server.log.info(self.log_prefix + "Route connection created")
+        if self.did_solicit:
+            self.send(cluster.connect_line(self.solicit))
+            if not self._delay_info():
+                self.send(cluster.info_line(self, initial=True))
+        else:
+            self.send(cluster.info_line(self, initial=True))
+        return True
+
+    def _delay_info(self) -> bool:
+        copts = self.cluster.copts
+        return self.did_solicit and (needs_compression(copts.compression) or (
+            self.account is None and copts.pool_size >= 1))
+
+    def start_tasks(self, nursery: trio.Nursery) -> None:
+        if not self.did_solicit and self.cluster.copts.username:
+            nursery.start_soon(self._auth_timeout)
+
+    async def _auth_timeout(self) -> None:
+        await trio.sleep(self.cluster.copts.auth_timeout)
+        if self.core.connect_required:
+            self.close(AUTH_VIOLATION, "Authentication Timeout")
+
+    def on_closed(self) -> None:
+        self.cluster.route_closed(self)
+
+    # ---- pings and RTT -------------------------------------------------------------
+
+    def ping_settings(self) -> tuple[float, int]:
+        copts = self.cluster.copts
+        opts = self.server.opts
+        interval = min(copts.ping_interval or opts.ping_interval, ROUTE_MAX_PING_INTERVAL)
+        if self._pings_sent == 0:
+            # server/route.go setFirstPingTimer: soon after the handshake, jittered.
+            interval = min(interval, FIRST_PING_INTERVAL) * (1 + random.random() * 0.2)
+        return interval, copts.max_pings_out or opts.max_pings_out
+
+    def send_ping(self) -> None:
+        self._pings_sent += 1
+        self._ping_at = time.monotonic()
+        self.send(b"PING\r\n")
+
+    def _process_pong(self) -> None:
+        self.pings_out = 0
+        if self._ping_at:
+            self.rtt = time.monotonic() - self._ping_at
+            self._ping_at = 0.0
+            if self.cluster.copts.compression == COMPRESSION_S2_AUTO and self.s2_writer:
+                self.set_s2_level(level_for_rtt(self.rtt, self.cluster.copts.rtt_thresholds))
+        if self.chain_next:
+            self.chain_next = False
+            self.cluster.dial_next_pool_conn(self)
+
+    # ---- compression -----------------------------------------------------------
+
+    def set_s2_level(self, mode: str) -> None:
+        """Compress what we write from now on at ``mode`` (a new stream per flush)."""
+        from natsjs._core.s2 import S2Writer
+        if self.s2_writer is not None and self.compression == mode:
+            return
+        self.compression = mode
+        self.s2_writer = S2Writer(S2_LEVELS[mode])
+
+    def switch_reader(self) -> None:
+        """Everything after the INFO being processed arrives as an S2 stream."""
+        from natsjs._core.s2 import S2Reader
+        self.s2_reader = S2Reader()
+        self.core.pause = True
+
+    # ---- protocol ------------------------------------------------------------------
+
+    def _on_op(self, op: int, args: bytes) -> None:
+        if op == P.RS_PLUS:
+            self.cluster.remote_sub(self, args)
+        elif op == P.RS_MINUS:
+            self.cluster.remote_unsub(self, args)
+        elif op == P.PING:
+            self.core.enqueue(b"PONG\r\n")
+            self.mark_pending()
+        elif op == P.PONG:
+            self._process_pong()
+        elif op == P.INFO:
+            self._process_info(args)
+        elif op == P.CONNECT:
+            self._process_connect(args)
+        elif op == P.ERR:
+            self.server.log.error(self.log_prefix + "Route Error %s",
+                                  args.decode("utf-8", "replace"))
+            self.close(PROTOCOL_VIOLATION)
+        elif op in (P.OK, P.LS_PLUS, P.LS_MINUS):
+            pass   # leafnode interest: nothing here uses it
+        else:
+            raise ProtocolError("unexpected route operation %d" % op, P.ERR_UNKNOWN_OP)
+
+    def _process_connect(self, args: bytes) -> None:
+        cluster = self.cluster
+        copts = cluster.copts
+        try:
+            c = json.loads(args)
+            if not isinstance(c, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            raise ProtocolError("processRouteConnect: %s" % exc) from None
+        if "lang" in c:
+            self.close(PROTOCOL_VIOLATION, "attempted to connect to route port")
+            return
+        if c.get("gateway"):
+            self.close(PROTOCOL_VIOLATION, 'Rejecting connection from gateway "%s" on the Route '
+                       'port' % c.get("gateway"))
+            return
+        if copts.username:
+            from natsjs.auth import compare_secret
+            if c.get("user") != copts.username or not compare_secret(
+                    copts.password, str(c.get("pass") or "")):
+                self.server.log.error(self.log_prefix + "authentication error")
+                self.close(AUTH_VIOLATION, "Authorization Violation")
+                return
+        theirs = str(c.get("cluster") or "")
+        if theirs and theirs != cluster.name:
+            if cluster.dynamic_name and (not c.get("cluster_dynamic") or cluster.name < theirs):
+                cluster.adopt_name(theirs, keep=self)
+            else:
+                self.close(CLUSTER_NAME_CONFLICT,
+                           'Rejecting connection, cluster name "%s" does not match "%s"'
+                           % (theirs, cluster.name))
+                return
+        self.remote_id = str(c.get("name") or "")
+        self.core.connect_required = False
+
+    def _process_info(self, args: bytes) -> None:
+        try:
+            info = json.loads(args)
+            if not isinstance(info, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            raise ProtocolError("processRouteInfo: %s" % exc) from None
+        cluster = self.cluster
+        server = self.server
+        sid = info.get("server_id", "")
+        if sid == server.server_id:
+            self.no_reconnect = True
+            self.close(DUPLICATE_ROUTE)
+            return
+        theirs = info.get("cluster") or ""
+        if theirs and theirs != cluster.name:
+            if cluster.dynamic_name and (not info.get("cluster_dynamic") or cluster.name < theirs):
+                cluster.adopt_name(theirs, keep=self)
+            else:
+                self.close(CLUSTER_NAME_CONFLICT)
+                return
+        if self.info_received:
+            cluster.async_route_info(self, info)
+            return
+        if not self.did_solicit and info.get("server_name") == server.name:
+            server.log.error(self.log_prefix + "Remote server has a duplicate name: %r",
+                             server.name)
+            self.close(DUPLICATE_SERVER_NAME)
+            return
+        local = cluster.copts.compression
+        if needs_compression(local):
+            if not self.compression_negotiated:
+                self.compression_negotiated = True
+                try:
+                    mode = select_compression(local, info.get("compression"))
+                except ValueError as exc:
+                    self.close(PROTOCOL_VIOLATION, str(exc))
+                    return
+                if mode == COMPRESSION_S2_AUTO:
+                    # The handshake's duration stands in for the RTT until the first PONG.
+                    mode = level_for_rtt(trio.current_time() - self.start,
+                                         cluster.copts.rtt_thresholds)
+                if mode in S2_LEVELS:
+                    self._start_compression(mode)
+                    return
+                self.compression = mode
+            send_delayed = self.did_solicit
+        else:
+            self.compression = COMPRESSION_NOT_SUPPORTED if not info.get("compression") \
+                else COMPRESSION_OFF
+            send_delayed = self._delay_info()
+        self.info_received = True
+        self.remote_info = info
+        self.remote_id = sid
+        self.remote_name = info.get("server_name", "")
+        self.core.headers = bool(info.get("headers", False))
+        cluster.add_route(self, info, send_delayed)
+
+    def _start_compression(self, mode: str) -> None:
+        """Switch this connection to S2 (server/route.go negotiateRouteCompression).
+
+        The dialler sends its first INFO in the clear and then writes S2; the acceptor
+        creates its writer first, so its reply INFO is the first compressed data.
+        Both read S2 from the byte after the INFO being processed.
+        """
+        cluster = self.cluster
+        if self.did_solicit:
+            self.send(cluster.info_line(self, initial=False, negotiated=mode, with_slot=False))
+            self.set_s2_level(mode)
+        else:
+            self.set_s2_level(mode)
+            self.send(cluster.info_line(self, initial=False, negotiated=mode, with_slot=False))
+        self.switch_reader()
+
+    # ---- monitoring --------------------------------------------------------------
+
+    def routez_entry(self, subs: str | None = None) -> dict:
+        core = self.core
+        now = trio.current_time()
+        entry = {
+            "rid": self.cid,
+            "remote_id": self.remote_id,
+            "remote_name": self.remote_name,
+            "did_solicit": self.did_solicit,
+            "is_configured": bool(self.solicit is not None and self.solicit.explicit),
+            "ip": self.host,
+            "port": self.port,
+            "start": _rfc3339(time.time() - (now - self.start)),
+            "last_activity": _rfc3339(time.time() - (now - self.last_activity)),
+            "rtt": _go_duration(self.rtt),
+            "uptime": _uptime(now - self.start),
+            "idle": _uptime(now - self.last_activity),
+            "pending_size": self.pending_bytes(),
+            "in_msgs": core.in_msgs,
+            "out_msgs": core.out_msgs,
+            "in_bytes": core.in_bytes,
+            "out_bytes": core.out_bytes,
+            "subscriptions": len(self.remote_subs),
+        }
+        if subs in ("1", "true", "t", "detail"):
+            if subs == "detail":
+                entry["subscriptions_list_detail"] = [
+                    dict({"subject": s.subject.decode(), "sid": s.sid.decode(),
+                          "msgs": s.nmsgs, "cid": self.cid},
+                         **({"qgroup": s.queue.decode()} if s.queue else {}))
+                    for s in self.remote_subs.values()]
+            else:
+                entry["subscriptions_list"] = [s.subject.decode()
+                                               for s in self.remote_subs.values()]
+        if self.account:
+            entry["account"] = self.account
+        if self.compression:
+            entry["compression"] = self.compression
+        return entry
+
+
+def _rfc3339(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + ".%06dZ" % int((ts % 1) * 1e6)
+
+
+def _uptime(seconds: float) -> str:
+    from natsjs.server import _uptime as up
+    return up(seconds)
+
+
+def _go_duration(seconds: float) -> str:
+    """A Go time.Duration string as /routez shows rtt ("0s", "368µs", "1.049526ms")."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1e-3:
+        return "%dµs" % int(seconds * 1e6)
+    if seconds < 1:
+        return ("%.6f" % (seconds * 1e3)).rstrip("0").rstrip(".") + "ms"
+    return ("%.9f" % seconds).rstrip("0").rstrip(".") + "s"
