@@ -48,6 +48,7 @@ class Server:
                                  utc=opts.logtime_utc, path=opts.log_file)
         self.server_id = new_server_id()
         self.name = opts.server_name or self.server_id
+        self.cluster = None
         self.accounts: dict[str, Account] = {GLOBAL_ACCOUNT: Account(GLOBAL_ACCOUNT)}
         for cfg in opts.accounts:
             self.accounts[cfg.name] = Account(cfg.name, cfg)
@@ -65,7 +66,6 @@ class Server:
             from natsjs.tls import make_server_context
             self.tls_context = make_server_context(opts.tls)
         self._deliver_depth = 0
-        self.cluster = None
         self._own_urls: list[str] | None = None
         self._sys_seq = 0
         from natsjs import sysreq
