@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from natsjs._core.sublist import Sublist, Subscription, subject_matches
 from natsjs.auth import AuthConfigError, User, parse_users

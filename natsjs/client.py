@@ -18,8 +18,7 @@ from natsjs._core import parser as P
 from natsjs._core.fanout import ClientCore
 from natsjs._core.parser import ProtocolError
 from natsjs._core.sublist import Subscription
-from natsjs.connection import (CLIENT_CLOSED, PROTOCOL_VIOLATION, SERVER_SHUTDOWN,  # noqa: F401
-                               Connection)
+from natsjs.connection import PROTOCOL_VIOLATION, Connection
 from natsjs.auth import (AUTHENTICATION_TIMEOUT, AUTHORIZATION_VIOLATION, PermissionChecker,
                          authenticate, new_nonce)
 

@@ -602,12 +602,8 @@ class Cluster:
 
     # ---- monitoring ----------------------------------------------------------------
 
-    def routez(self, subs: str | None = None) -> dict:
-        entries = []
-        for remote in self.remotes.values():
-            for r in remote.routes():
-                entries.append(r.routez_entry(subs))
-        return {"num_routes": len(entries), "routes": entries}
+    def registered_routes(self) -> list[Route]:
+        return [r for remote in self.remotes.values() for r in remote.routes()]
 
     def client_urls(self) -> list[str]:
         urls = []

@@ -330,63 +330,12 @@ class Route(Connection):
             self.send(cluster.info_line(self, initial=False, negotiated=mode, with_slot=False))
         self.switch_reader()
 
-    # ---- monitoring --------------------------------------------------------------
+    # ---- monitoring (natsjs/monitor.py /routez reads these) ----------------------
 
-    def routez_entry(self, subs: str | None = None) -> dict:
-        core = self.core
-        now = trio.current_time()
-        entry = {
-            "rid": self.cid,
-            "remote_id": self.remote_id,
-            "remote_name": self.remote_name,
-            "did_solicit": self.did_solicit,
-            "is_configured": bool(self.solicit is not None and self.solicit.explicit),
-            "ip": self.host,
-            "port": self.port,
-            "start": _rfc3339(time.time() - (now - self.start)),
-            "last_activity": _rfc3339(time.time() - (now - self.last_activity)),
-            "rtt": _go_duration(self.rtt),
-            "uptime": _uptime(now - self.start),
-            "idle": _uptime(now - self.last_activity),
-            "pending_size": self.pending_bytes(),
-            "in_msgs": core.in_msgs,
-            "out_msgs": core.out_msgs,
-            "in_bytes": core.in_bytes,
-            "out_bytes": core.out_bytes,
-            "subscriptions": len(self.remote_subs),
-        }
-        if subs in ("1", "true", "t", "detail"):
-            if subs == "detail":
-                entry["subscriptions_list_detail"] = [
-                    dict({"subject": s.subject.decode(), "sid": s.sid.decode(),
-                          "msgs": s.nmsgs, "cid": self.cid},
-                         **({"qgroup": s.queue.decode()} if s.queue else {}))
-                    for s in self.remote_subs.values()]
-            else:
-                entry["subscriptions_list"] = [s.subject.decode()
-                                               for s in self.remote_subs.values()]
-        if self.account:
-            entry["account"] = self.account
-        if self.compression:
-            entry["compression"] = self.compression
-        return entry
+    @property
+    def is_configured(self) -> bool:
+        return bool(self.solicit is not None and self.solicit.explicit)
 
-
-def _rfc3339(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + ".%06dZ" % int((ts % 1) * 1e6)
-
-
-def _uptime(seconds: float) -> str:
-    from natsjs.server import _uptime as up
-    return up(seconds)
-
-
-def _go_duration(seconds: float) -> str:
-    """A Go time.Duration string as /routez shows rtt ("0s", "368µs", "1.049526ms")."""
-    if seconds <= 0:
-        return "0s"
-    if seconds < 1e-3:
-        return "%dµs" % int(seconds * 1e6)
-    if seconds < 1:
-        return ("%.6f" % (seconds * 1e3)).rstrip("0").rstrip(".") + "ms"
-    return ("%.9f" % seconds).rstrip("0").rstrip(".") + "s"
+    @property
+    def subs(self) -> dict:
+        return self.remote_subs

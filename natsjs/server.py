@@ -22,7 +22,8 @@ import trio
 
 from natsjs import NATS_VERSION, __version__
 from natsjs.accounts import GLOBAL_ACCOUNT, MAX_IMPORT_HOPS, Account
-from natsjs.client import MAX_CONNECTIONS, SERVER_SHUTDOWN, Client
+from natsjs.client import MAX_CONNECTIONS, Client
+from natsjs.connection import SERVER_SHUTDOWN
 from natsjs.log import Logger
 from natsjs.options import RANDOM_PORT, ServerOptions
 
@@ -398,6 +399,11 @@ class Server:
     def lookup_account(self, name: str) -> Account | None:
         return self.accounts.get(name)
 
+    @property
+    def routes(self) -> list:
+        """Registered route connections (for /routez and /varz)."""
+        return self.cluster.registered_routes() if self.cluster is not None else []
+
     def _varz_cluster(self) -> dict:
         return _varz_cluster_block(self)
 
@@ -546,7 +552,7 @@ class Server:
             "cpu": round(100.0 * cpu_seconds / uptime, 2) if uptime > 0 else 0.0,
             "connections": len(self.clients),
             "total_connections": self.total_connections,
-            "routes": len(self.cluster.routes) if self.cluster is not None else 0,
+            "routes": len(self.routes),
             "remotes": 0,
             "leafnodes": 0,
             "in_msgs": t["in_msgs"],

@@ -6,7 +6,6 @@ import sys
 
 import nats
 import pytest
-from nats.errors import TimeoutError as NatsTimeout
 
 from conftest import start_natsjs, start_reference
 
@@ -176,8 +175,6 @@ def test_sigterm_is_graceful(natsjs_server):
     async def main():
         nc = await nats.connect(server.url, allow_reconnect=False)
         await nc.flush()
-        closed = asyncio.Event()
-        nc._closed_cb = None
         server.proc.send_signal(signal.SIGTERM)
         assert await asyncio.get_running_loop().run_in_executor(None, server.proc.wait, 10) == 0
         for _ in range(100):
