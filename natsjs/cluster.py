@@ -287,11 +287,30 @@ class Cluster:
         if with_slot and route.did_solicit and not initial and route.pool_idx > 0 \
                 and route.account is None:
             info["route_pool_idx"] = route.pool_idx
-        if route.did_solicit and route.account is not None and not initial:
+        if route.did_solicit and route.account is not None:
             info["route_account"] = route.account
         return b"INFO " + json.dumps(info, separators=(",", ":")).encode() + b" \r\n"
 
     # ---- registration ------------------------------------------------------------
+
+    def _dialer(self, route: Route) -> str:
+        return self.server.server_id if route.did_solicit else route.remote_id
+
+    def _resolve_duplicate(self, existing: Route | None, new: Route) -> bool:
+        """Two connections for one slot (both servers dialled): True to keep ``new``.
+
+        Both ends must keep the same one, or each closes the other's survivor; so the
+        connection dialled by the server with the smaller id wins on both sides.
+        """
+        if existing is None or existing.closed_reason is not None:
+            return True
+        if self._dialer(new) < self._dialer(existing):
+            existing.no_reconnect = True
+            existing.close(DUPLICATE_ROUTE)
+            return True
+        new.no_reconnect = True
+        new.close(DUPLICATE_ROUTE)
+        return False
 
     def add_route(self, route: Route, info: dict, send_delayed: bool) -> None:
         """server/route.go addRoute: place the connection, then exchange interest."""
@@ -318,16 +337,14 @@ class Cluster:
             if account not in self.pinned_accounts():
                 route.close(ROUTE_REMOVED, 'No route for account "%s"' % account)
                 return
-            if account in remote.pinned:
-                route.close(DUPLICATE_ROUTE)
+            if not self._resolve_duplicate(remote.pinned.get(account), route):
                 return
             remote.pinned[account] = route
             route.account = account
             route.core.pinned_account = account.encode()
             route.core.no_account = True
         elif no_pool:
-            if remote.first() is not None and remote.pool:
-                route.close(DUPLICATE_ROUTE)
+            if remote.pool and not self._resolve_duplicate(remote.pool[0], route):
                 return
             remote.no_pool = True
             remote.pool = [route]
@@ -351,8 +368,7 @@ class Cluster:
                     route.close(ROUTE_REMOVED, "Invalid route pool index: %d - pool size is %d"
                                 % (idx, remote_pool))
                     return
-                if remote.pool[idx] is not None:
-                    route.close(DUPLICATE_ROUTE)
+                if not self._resolve_duplicate(remote.pool[idx], route):
                     return
             remote.pool[idx] = route
             route.pool_idx = idx

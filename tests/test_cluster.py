@@ -1,0 +1,397 @@
+"""Clusters of real server processes: natsjs alone, and mixed with nats-server.
+
+The topologies are the ones of the NATS clustering documentation: a seed started with
+only ``--cluster``, and servers started with ``--routes`` to the seed, which must then
+find each other by gossip.  Waiting is always for a condition (routes registered in
+/varz, a message that arrives), with a deadline.
+"""
+import asyncio
+import json
+import re
+import socket
+import time
+import urllib.request
+
+import nats
+import pytest
+
+from conftest import start_natsjs, start_reference
+
+TIMEOUT = 15
+ROUTE_RE = re.compile(rb"Listening for route connections on [^\s:]+:(\d+)")
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 90))
+
+
+def start(kind, *args):
+    if kind == "natsjs":
+        s = start_natsjs("-m", "-1", *args)
+    else:
+        s = start_reference("-m", str(_free_port()), *args)
+    s.cluster_port = int(s.wait_for(ROUTE_RE).group(1))
+    return s
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cluster_args(name="C1", routes=(), extra=()):
+    args = ["--cluster", "nats://127.0.0.1:-1", "--cluster_name", name]
+    if routes:
+        args += ["--routes", ",".join("nats://127.0.0.1:%d" % p for p in routes)]
+    return args + list(extra)
+
+
+def http_json(server, path):
+    with urllib.request.urlopen("http://127.0.0.1:%d%s" % (server.http_port, path),
+                                timeout=5) as r:
+        return json.loads(r.read())
+
+
+def wait_until(cond, what, timeout=TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for " + what)
+        time.sleep(0.05)
+
+
+async def await_until(cond, what, timeout=TIMEOUT):
+    """wait_until for code running in the client's event loop."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for " + what)
+        await asyncio.sleep(0.02)
+
+
+def remote_ids(server):
+    return {r["remote_id"] for r in http_json(server, "/routez")["routes"]}
+
+
+def server_id(server):
+    return http_json(server, "/varz")["server_id"]
+
+
+def wait_mesh(servers, timeout=TIMEOUT):
+    ids = {s: server_id(s) for s in servers}
+    for s in servers:
+        want = {ids[o] for o in servers if o is not s}
+        wait_until(lambda: want <= remote_ids(s), "full mesh at %s" % ids[s], timeout)
+
+
+async def connect(server, **kw):
+    kw.setdefault("allow_reconnect", False)
+    return await nats.connect(server.url, **kw)
+
+
+async def until_delivered(pub, sub, subject, data=b"ping", timeout=TIMEOUT):
+    """Publish until the subscriber has one (interest takes a moment to cross routes)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        await pub.publish(subject, data)
+        await pub.flush()
+        try:
+            return await sub.next_msg(timeout=0.2)
+        except nats.errors.TimeoutError:
+            continue
+    raise AssertionError("no message on %s" % subject)
+
+
+async def drain(sub):
+    while True:
+        try:
+            await sub.next_msg(timeout=0.05)
+        except nats.errors.TimeoutError:
+            return
+
+
+@pytest.fixture
+def procs():
+    started = []
+    yield started
+    for s in started:
+        s.stop()
+
+
+def three(procs, kinds=("natsjs", "natsjs", "natsjs"), extra=()):
+    seed = start(kinds[0], *cluster_args(extra=extra))
+    procs.append(seed)
+    b = start(kinds[1], *cluster_args(routes=[seed.cluster_port], extra=extra))
+    procs.append(b)
+    c = start(kinds[2], *cluster_args(routes=[seed.cluster_port], extra=extra))
+    procs.append(c)
+    wait_mesh([seed, b, c])
+    return seed, b, c
+
+
+def test_documentation_example_full_mesh_and_seed_failure(procs):
+    seed, b, c = three(procs)
+
+    async def main():
+        nb = await connect(b)
+        nc = await connect(c)
+        sub = await nc.subscribe("hello.>")
+        await nc.flush()
+        msg = await until_delivered(nb, sub, "hello.world")
+        assert msg.subject == "hello.world"
+
+        # The seed dies: B and C keep their direct route.
+        seed.stop()
+        await drain(sub)
+        await nb.publish("hello.again", b"still")
+        await nb.flush()
+        assert (await sub.next_msg(timeout=TIMEOUT)).data == b"still"
+        await nb.close()
+        await nc.close()
+    run(main())
+    assert remote_ids(b) == {server_id(c)}
+
+
+def test_seed_rejoins(procs):
+    seed = start("natsjs", *cluster_args())
+    procs.append(seed)
+    b = start("natsjs", *cluster_args(routes=[seed.cluster_port]))
+    procs.append(b)
+    wait_mesh([seed, b])
+    port = seed.cluster_port
+    seed.stop()
+    wait_until(lambda: not remote_ids(b), "B to notice the seed is gone")
+    again = start("natsjs", "--cluster", "nats://127.0.0.1:%d" % port, "--cluster_name", "C1")
+    procs.append(again)
+    wait_mesh([again, b])    # B's explicit route reconnects by itself
+
+
+def test_queue_groups_and_requests_across_the_cluster(procs):
+    seed, b, c = three(procs)
+
+    async def main():
+        na, nb, nc = await connect(seed), await connect(b), await connect(c)
+        counts = {"a": 0, "c": 0}
+
+        def member(name):
+            async def cb(msg):
+                counts[name] += 1
+            return cb
+        await na.subscribe("jobs", queue="workers", cb=member("a"))
+        await nc.subscribe("jobs", queue="workers", cb=member("c"))
+        probe_a = await na.subscribe("jobs")
+        probe_c = await nc.subscribe("jobs")
+        await na.flush()
+        await nc.flush()
+        await until_delivered(nb, probe_a, "jobs")
+        await until_delivered(nb, probe_c, "jobs")
+        await drain(probe_a)
+        await drain(probe_c)
+        before = counts["a"] + counts["c"]
+        total = 400
+        for i in range(total):
+            await nb.publish("jobs", b"%d" % i)
+        await nb.flush()
+        await await_until(lambda: counts["a"] + counts["c"] - before >= total,
+                          "queue deliveries")
+        await nb.flush()
+        assert counts["a"] + counts["c"] - before == total        # each exactly once
+        assert counts["a"] > total // 10 and counts["c"] > total // 10   # spread
+
+        async def echo(msg):
+            await msg.respond(b"re:" + msg.data)
+        await nc.subscribe("svc", cb=echo)
+        await nc.flush()
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            try:
+                reply = await nb.request("svc", b"q", timeout=0.5)
+                break
+            except nats.errors.NoRespondersError:
+                assert time.monotonic() < deadline
+        assert reply.data == b"re:q"
+        for n in (na, nb, nc):
+            await n.close()
+    run(main())
+
+
+def test_clients_learn_the_cluster_and_fail_over(procs):
+    seed, b, c = three(procs)
+
+    async def main():
+        reconnected = asyncio.Event()
+
+        async def on_reconnect():
+            reconnected.set()
+        nc = await nats.connect(b.url, reconnect_time_wait=0.05, max_reconnect_attempts=100,
+                                reconnected_cb=on_reconnect)
+        await await_until(lambda: len(nc._server_info.get("connect_urls") or []) >= 3,
+                          "connect_urls with every member")
+        urls = set(nc._server_info["connect_urls"])
+        assert {"127.0.0.1:%d" % s.port for s in (seed, b, c)} <= urls
+        b.stop()
+        await asyncio.wait_for(reconnected.wait(), TIMEOUT)
+        assert nc.connected_url.port in (seed.port, c.port)
+        await nc.close()
+    run(main())
+
+
+def test_pooling_pinned_accounts_and_pool_index(procs):
+    a = start("natsjs", *cluster_args())
+    procs.append(a)
+    b = start("natsjs", *cluster_args(routes=[a.cluster_port]))
+    procs.append(b)
+    wait_until(lambda: len(http_json(b, "/routez")["routes"]) == 4, "3 pooled + $SYS routes")
+    routes = http_json(b, "/routez")["routes"]
+    assert sorted(r.get("account", "") for r in routes) == ["", "", "", "$SYS"]
+
+    async def main():
+        na, nb = await connect(a), await connect(b)
+        sub = await na.subscribe("pooled")
+        await na.flush()
+        await until_delivered(nb, sub, "pooled")
+        # $G hashes to one pool index (2 of 3, FNV-1a): one pooled route carries it.
+        carried = [r for r in http_json(b, "/routez?subs=1")["routes"]
+                   if "pooled" in (r.get("subscriptions_list") or [])]
+        assert len(carried) == 1 and "account" not in carried[0]
+        await na.close()
+        await nb.close()
+    run(main())
+
+
+@pytest.mark.parametrize("mode", ["off", "accept", "s2_fast", "s2_better", "s2_best",
+                                  "s2_auto"])
+def test_mixed_cluster_with_the_reference(procs, mode, tmp_path):
+    conf = tmp_path / "c.conf"
+    conf.write_text("cluster { compression: %s }\n" % mode)
+    seed = start("natsjs", "-c", str(conf), *cluster_args())
+    procs.append(seed)
+    ref = start("reference", *cluster_args(routes=[seed.cluster_port],
+                                            extra=["-c", str(conf)]))
+    procs.append(ref)
+    ours = start("natsjs", "-c", str(conf), *cluster_args(routes=[ref.cluster_port]))
+    procs.append(ours)
+    wait_mesh([seed, ref, ours])
+    # pooling with the reference: 3 pooled connections and the $SYS one, per peer
+    wait_until(lambda: len(http_json(ref, "/routez")["routes"]) == 8, "pooled routes on ref")
+
+    async def main():
+        clients = [await connect(s) for s in (seed, ref, ours)]
+        subs = [await n.subscribe("mix.>") for n in clients]
+        for n in clients:
+            await n.flush()
+        for i, pub in enumerate(clients):
+            for j, sub in enumerate(subs):
+                if i != j:
+                    m = await until_delivered(pub, sub, "mix.%d.%d" % (i, j), b"x" * 2000)
+                    assert len(m.data) == 2000
+                    await drain(sub)
+
+        async def echo(msg):
+            await msg.respond(msg.data[::-1])
+        await clients[1].subscribe("rev", cb=echo, queue="q")
+        await clients[1].flush()
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            try:
+                r = await clients[2].request("rev", b"abc", timeout=0.5)
+                break
+            except nats.errors.NoRespondersError:
+                assert time.monotonic() < deadline
+        assert r.data == b"cba"
+        for n in clients:
+            await n.close()
+    run(main())
+    expected = {"off": "off", "accept": "off", "s2_fast": "s2_fast", "s2_better": "s2_better",
+                "s2_best": "s2_best"}
+    for s in (seed, ref, ours):
+        modes = {r["compression"] for r in http_json(s, "/routez")["routes"]}
+        if mode in expected:
+            assert modes == {expected[mode]}, (mode, modes)
+        else:   # s2_auto shows the level it picked, never s2_auto itself
+            assert modes and "s2_auto" not in modes
+            assert modes <= {"s2_uncompressed", "s2_fast", "s2_better", "s2_best"}
+
+
+def test_pool_size_minus_one_peer_gets_a_single_route(procs, tmp_path):
+    conf = tmp_path / "nopool.conf"
+    conf.write_text("cluster { pool_size: -1 }\n")
+    a = start("natsjs", *cluster_args())
+    procs.append(a)
+    ref = start("reference", *cluster_args(routes=[a.cluster_port], extra=["-c", str(conf)]))
+    procs.append(ref)
+    wait_mesh([a, ref])
+
+    async def main():
+        na, nr = await connect(a), await connect(ref)
+        sub = await na.subscribe("one")
+        await na.flush()
+        await until_delivered(nr, sub, "one")
+        await na.close()
+        await nr.close()
+    run(main())
+    assert len(http_json(a, "/routez")["routes"]) == 1
+
+
+def test_bad_route_input_is_refused_without_harm(procs, tmp_path):
+    conf = tmp_path / "auth.conf"
+    conf.write_text("cluster { authorization { user: ruser, password: T0pS3cr3t } }\n")
+    a = start("natsjs", "-c", str(conf), *cluster_args())
+    procs.append(a)
+    good = start("natsjs", *cluster_args(
+        extra=["--routes", "nats-route://ruser:T0pS3cr3t@127.0.0.1:%d" % a.cluster_port]))
+    procs.append(good)
+    wait_mesh([a, good])
+
+    def talk(payload):
+        s = socket.create_connection(("127.0.0.1", a.cluster_port), timeout=5)
+        s.recv(65536)
+        s.sendall(payload)
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+
+    assert b"-ERR 'Authorization Violation'" in talk(
+        b'CONNECT {"user":"ruser","pass":"wrong","name":"X","cluster":"C1"}\r\n')
+    assert b"Rejecting connection, cluster name" in talk(
+        b'CONNECT {"user":"ruser","pass":"T0pS3cr3t","name":"X","cluster":"OTHER"}\r\n')
+    assert b"-ERR 'Authorization Violation'" in talk(b"PING\r\n")
+    assert b"attempted to connect to route port" in talk(
+        b'CONNECT {"lang":"python","user":"ruser","pass":"T0pS3cr3t"}\r\n')
+    talk(bytes(range(256)) * 4 + b"\r\n")
+    # wrong credentials from a whole server: refused, and it does not join
+    bad = start("natsjs", *cluster_args(
+        extra=["--routes", "nats-route://ruser:nope@127.0.0.1:%d" % a.cluster_port]))
+    procs.append(bad)
+    bad.wait_for(re.compile(rb"Authorization Violation"))
+    assert a.alive() and good.alive()
+    assert remote_ids(a) == {server_id(good)}
+
+    async def main():
+        na, ng = await connect(a), await connect(good)
+        sub = await na.subscribe("after")
+        await na.flush()
+        await until_delivered(ng, sub, "after")
+        await na.close()
+        await ng.close()
+    run(main())
+
+
+def test_self_route_is_ignored(procs):
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    s = start("natsjs", "--cluster", "nats://127.0.0.1:%d" % port, "--cluster_name", "C1",
+              "--routes", "nats://127.0.0.1:%d" % port)
+    procs.append(s)
+    s.wait_for(re.compile(rb"Route connection created"))
+    assert http_json(s, "/routez")["num_routes"] == 0
+    assert s.alive()
