@@ -22,6 +22,7 @@ messages then take exactly one hop.  Wire behaviour follows nats-server v2.10+
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import secrets
@@ -33,8 +34,9 @@ from urllib.parse import urlsplit
 import trio
 
 from natsjs import NATS_VERSION, __version__
-from natsjs.options import COMPRESSION_S2_AUTO, ClusterOptions
-from natsjs.route import DUPLICATE_ROUTE, ROUTE_REMOVED, Route
+from natsjs.options import (COMPRESSION_ACCEPT, COMPRESSION_OFF, COMPRESSION_S2_AUTO,
+                            ClusterOptions)
+from natsjs.route import DUPLICATE_ROUTE, ROUTE_REMOVED, Route, level_for_rtt
 
 if TYPE_CHECKING:  # pragma: no cover
     from natsjs.server import Server
@@ -222,10 +224,59 @@ class Cluster:
             await route.run()
             if route.no_reconnect or server.shutting_down:
                 return
+            if s.explicit and s.url not in self.copts.routes:
+                return
             if not s.explicit and route.remote_id in self.remotes:
                 return   # another connection to that server took over
             # server/route.go reconnect: explicit routes after a second, with jitter.
             await trio.sleep((RECONNECT_DELAY if s.explicit else 0) + random.random() * 0.1)
+
+    # ---- reload -----------------------------------------------------------------------
+
+    def reload(self, new: ClusterOptions) -> list[str]:
+        """Apply a reloaded ``cluster {}`` block (server/reload.go clusterOption).
+
+        A compression change between two S2 levels swaps the writer in place; turning
+        compression on or off (or to ``accept``) needs a new negotiation, so those
+        connections are closed and re-established, as are all of them when the pool
+        size or the pinned accounts change.  Routes added to the list are dialled,
+        removed ones closed for good.  The listen address needs a restart.
+        """
+        old = self.copts
+        notes = []
+        if (new.host, new.port) != (old.host, old.port) or new.name != old.name:
+            self.server.log.error("Config reload: not supported for cluster listen/name; "
+                                  "keeping the running values")
+            new = dataclasses.replace(new, host=old.host, port=old.port, name=old.name)
+        self.copts = new
+        reconnect_all = new.pool_size != old.pool_size or new.accounts != old.accounts
+        if new.compression != old.compression and not reconnect_all:
+            renegotiate = COMPRESSION_OFF in (old.compression, new.compression) or \
+                new.compression == COMPRESSION_ACCEPT
+            for r in list(self.routes):
+                if renegotiate:
+                    r.close(ROUTE_REMOVED)
+                elif r.s2_writer is not None:
+                    level = new.compression
+                    if level == COMPRESSION_S2_AUTO:
+                        level = level_for_rtt(r.rtt, new.rtt_thresholds)
+                    r.set_s2_level(level)
+            notes.append("compression")
+        if reconnect_all:
+            for r in list(self.routes):
+                r.close(ROUTE_REMOVED)
+            notes.append("pool_size/accounts")
+        removed = set(old.routes) - set(new.routes)
+        for r in list(self.routes):
+            if r.solicit is not None and r.solicit.explicit and r.solicit.url in removed:
+                r.no_reconnect = True
+                r.close(ROUTE_REMOVED)
+        for url in new.routes:
+            if url not in old.routes:
+                self.solicit(Solicit(url, explicit=True))
+        if removed or set(new.routes) - set(old.routes):
+            notes.append("routes")
+        return notes
 
     # ---- handshake lines -------------------------------------------------------------
 

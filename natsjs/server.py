@@ -203,6 +203,10 @@ class Server:
             self.log.error("Config reload: not supported for %s; keeping the running values",
                            ", ".join(fixed))
             opts = opts.replace(**{k: getattr(old, k) for k in fixed})
+        if (old.cluster is None) != (opts.cluster is None):
+            self.log.error("Config reload: adding or removing the cluster block needs a "
+                           "restart; keeping the running values")
+            opts = opts.replace(cluster=old.cluster)
         changed = [f for f in opts.__dataclass_fields__ if getattr(old, f) != getattr(opts, f)]
         self.opts = opts
         self.log.debug_enabled = opts.debug
@@ -211,6 +215,10 @@ class Server:
             self.log.reopen(path=opts.log_file, logtime=opts.logtime)
         if opts.accounts != old.accounts or opts.system_account != old.system_account:
             self._reload_accounts(opts)
+        if self.cluster is not None and opts.cluster != old.cluster:
+            self.cluster.reload(opts.cluster)
+            opts = opts.replace(cluster=self.cluster.copts)
+            self.opts = opts
         for c in list(self.clients.values()):
             core = c.core
             core.max_payload = opts.max_payload

@@ -395,3 +395,45 @@ def test_self_route_is_ignored(procs):
     s.wait_for(re.compile(rb"Route connection created"))
     assert http_json(s, "/routez")["num_routes"] == 0
     assert s.alive()
+
+
+def test_reload_changes_compression_level_in_place_and_off_reconnects(procs, tmp_path):
+    conf = tmp_path / "a.conf"
+    pidfile = tmp_path / "a.pid"
+    conf.write_text("cluster { compression: s2_fast }\n")
+    a = start("natsjs", "-c", str(conf), "-P", str(pidfile), *cluster_args())
+    procs.append(a)
+    ref = start("reference", *cluster_args(routes=[a.cluster_port]))
+    procs.append(ref)
+    wait_mesh([a, ref])
+    wait_until(lambda: len(http_json(a, "/routez")["routes"]) == 4, "pooled routes")
+
+    def routes():
+        return {r["rid"]: r["compression"] for r in http_json(a, "/routez")["routes"]}
+    before = routes()
+    assert set(before.values()) == {"s2_fast"}
+
+    def reload(text):
+        import subprocess
+        import sys
+        conf.write_text(text)
+        n = a.text().count("Reloaded server configuration")
+        subprocess.run([sys.executable, "-m", "natsjs", "--signal", "reload=%s" % pidfile],
+                       check=True, timeout=10)
+        wait_until(lambda: a.text().count("Reloaded server configuration") > n, "reload")
+
+    reload("cluster { compression: s2_best }\n")
+    after = routes()
+    assert after == {rid: "s2_best" for rid in before}          # same connections
+    reload("cluster { compression: off }\n")
+    wait_until(lambda: len(routes()) == 4 and set(routes().values()) == {"off"}
+               and not set(routes()) & set(before), "routes re-established uncompressed")
+
+    async def main():
+        na, nr = await connect(a), await connect(ref)
+        sub = await na.subscribe("reloaded")
+        await na.flush()
+        await until_delivered(nr, sub, "reloaded")
+        await na.close()
+        await nr.close()
+    run(main())
