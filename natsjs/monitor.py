@@ -97,6 +97,9 @@ SORT_OPTIONS = frozenset((
 
 STATE_OPEN, STATE_CLOSED, STATE_ALL = 0, 1, 2
 
+# Connection kinds whose subscriptions are remote interest, not listed by /subsz.
+_REMOTE_KINDS = frozenset(("Router", "Gateway", "Leafnode"))
+
 _INT64_MAX = (1 << 63) - 1
 _UINT64_MAX = (1 << 64) - 1
 _INT_RE = re.compile(r"[+-]?[0-9]+\Z")
@@ -688,7 +691,12 @@ def _subsz(server, query):
             for sub in acc.sublist.subscriptions():
                 if test_b is not None and not subject_matches(sub.subject, test_b):
                     continue
-                if sub.client is None:
+                owner = sub.client
+                if owner is None:
+                    continue
+                # Local interest only, as Sublist.localSubs: not a route's (or a
+                # gateway's or leaf node's) remote subscriptions.
+                if getattr(getattr(owner, "conn", None), "kind", "Client") in _REMOTE_KINDS:
                     continue
                 d = {"account": name, "account_tag": tag}
                 d.update(_client_sub_detail(sub, _sub_cid(sub)))
