@@ -123,8 +123,12 @@ class Client(Connection):
         for sub in self.subs.values():
             sub.closed = True
             sublist.remove(sub)
-        self.server.route_interest(self.account, [s for s in self.subs.values()], -1)
-        self.subs.clear()
+        self.server.route_interest(self.account, list(self.subs.values()), -1)
+        # Kept as it was at close for /connz?state=closed (the subscriptions are no
+        # longer in any sublist; the output buffer is released).
+        self.stop = trio.current_time()
+        del self.core.out[:]
+        self.server.closed_clients.append(self)
 
     def on_trace_changed(self) -> None:
         """Wire the core's trace hooks to the log when -V is on (nothing otherwise)."""
@@ -169,7 +173,7 @@ class Client(Connection):
         if op == P.PING:
             self._process_ping()
         elif op == P.PONG:
-            self.pings_out = 0
+            self.note_pong()
         elif op == P.SUB:
             self._process_sub(args)
         elif op == P.UNSUB:

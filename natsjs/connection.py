@@ -17,6 +17,7 @@ callback does with CONNECT, SUB, RS+ and the like.
 from __future__ import annotations
 
 import socket
+import time
 from typing import TYPE_CHECKING
 
 import trio
@@ -65,6 +66,8 @@ class Connection:
         self.core = core
         self.write_blocked = False
         self.pings_out = 0
+        self.rtt = 0.0
+        self._ping_at = 0.0
         self._wake = trio.lowlevel.ParkingLot()
         self._drained = trio.lowlevel.ParkingLot()
         self._scope: trio.CancelScope | None = None
@@ -359,7 +362,15 @@ class Connection:
             self.send_ping()
 
     def send_ping(self) -> None:
+        self._ping_at = time.monotonic()
         self.send(b"PING\r\n")
+
+    def note_pong(self) -> None:
+        """A PONG: nothing outstanding any more, and a fresh round-trip time."""
+        self.pings_out = 0
+        if self._ping_at:
+            self.rtt = time.monotonic() - self._ping_at
+            self._ping_at = 0.0
 
     # ---- monitoring --------------------------------------------------------------
 

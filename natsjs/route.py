@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import random
 import socket
-import time
 from typing import TYPE_CHECKING
 
 import trio
@@ -116,8 +115,6 @@ class Route(Connection):
         self.chain_next = False          # dial the next pool slot on our PING's PONG
         self.no_reconnect = False
         self.remote_subs: dict[tuple, Subscription] = {}
-        self.rtt = 0.0
-        self._ping_at = 0.0
         self._pings_sent = 0
         self.log_prefix = "%s:%d - rid:%d - " % (self.host, self.port, rid)
         if not self.did_solicit:
@@ -166,16 +163,14 @@ class Route(Connection):
 
     def send_ping(self) -> None:
         self._pings_sent += 1
-        self._ping_at = time.monotonic()
-        self.send(b"PING\r\n")
+        super().send_ping()
 
     def _process_pong(self) -> None:
-        self.pings_out = 0
-        if self._ping_at:
-            self.rtt = time.monotonic() - self._ping_at
-            self._ping_at = 0.0
-            if self.cluster.copts.compression == COMPRESSION_S2_AUTO and self.s2_writer:
-                self.set_s2_level(level_for_rtt(self.rtt, self.cluster.copts.rtt_thresholds))
+        measured = bool(self._ping_at)
+        self.note_pong()
+        if measured and self.cluster.copts.compression == COMPRESSION_S2_AUTO \
+                and self.s2_writer:
+            self.set_s2_level(level_for_rtt(self.rtt, self.cluster.copts.rtt_thresholds))
         if self.chain_next:
             self.chain_next = False
             self.cluster.dial_next_pool_conn(self)

@@ -10,6 +10,7 @@ calls ``flush_pcd`` so each of those connections is written once per read batch.
 """
 from __future__ import annotations
 
+import collections
 import errno
 import json
 import os
@@ -25,6 +26,7 @@ from natsjs.accounts import GLOBAL_ACCOUNT, MAX_IMPORT_HOPS, Account
 from natsjs.client import MAX_CONNECTIONS, Client
 from natsjs.connection import SERVER_SHUTDOWN
 from natsjs.log import Logger
+from natsjs.monitor import go_uptime
 from natsjs.options import RANDOM_PORT, ServerOptions
 
 PROTO = 1
@@ -75,6 +77,8 @@ class Server:
             from natsjs.cluster import Cluster
             self.cluster = Cluster(self, opts.cluster)
         self.clients: dict[int, Client] = {}
+        # The last closed connections, for /connz?state=closed (nats-server keeps 10000).
+        self.closed_clients: collections.deque = collections.deque(maxlen=10000)
         self._cid = 0
         self.total_connections = 0
         self.slow_consumers = 0
@@ -553,7 +557,7 @@ class Server:
             "write_deadline": int(opts.write_deadline * 1e9),
             "start": _rfc3339(self.start_time),
             "now": _rfc3339(now),
-            "uptime": _uptime(uptime),
+            "uptime": go_uptime(uptime),
             "mem": mem,
             "cores": os.cpu_count() or 1,
             "gomaxprocs": 1,
@@ -598,13 +602,3 @@ def _rfc3339(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + ".%06dZ" % int((ts % 1) * 1e6)
 
 
-def _uptime(seconds: float) -> str:
-    """nats-server's compact uptime: 1y2d3h4m5s."""
-    s = int(seconds)
-    parts = []
-    for unit, size in (("y", 31536000), ("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size:
-            parts.append("%d%s" % (s // size, unit))
-            s %= size
-    parts.append("%ds" % s)
-    return "".join(parts)

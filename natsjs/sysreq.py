@@ -69,6 +69,29 @@ KINDS = {
 }
 
 
+# The JSON option names of $SYS requests (server/monitor.go ConnzOptions and friends)
+# -> the HTTP query the monitor handlers take.
+_STATES = {0: "open", 1: "closed", 2: "all"}
+
+
+def _query_from_options(opts: dict) -> dict:
+    query = {}
+    for k, v in opts.items():
+        if k == "subscriptions" and v:
+            query.setdefault("subs", "1")
+        elif k == "subscriptions_detail" and v:
+            query["subs"] = "detail"
+        elif k == "state" and isinstance(v, int):
+            query["state"] = _STATES.get(v, str(v))
+        elif k in ("account", "acc"):
+            query["acc"] = str(v)
+        elif isinstance(v, bool):
+            query[k] = "true" if v else "false"
+        elif v is not None:
+            query[k] = str(v)
+    return query
+
+
 def _handler(server, kind):
     def on_request(sub, subject, reply, hdr, msg):
         if not reply:
@@ -79,8 +102,7 @@ def _handler(server, kind):
             try:
                 opts = json.loads(body)
                 if isinstance(opts, dict):
-                    query = {k: str(v).lower() if isinstance(v, bool) else str(v)
-                             for k, v in opts.items()}
+                    query = _query_from_options(opts)
             except ValueError:
                 pass
         if kind is None:

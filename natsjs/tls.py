@@ -87,7 +87,6 @@ from __future__ import annotations
 import errno
 import functools
 import hashlib
-import os
 import socket
 import ssl
 from collections import deque

@@ -252,6 +252,11 @@ def test_system_account_requests(accounts_server):
         direct = json.loads((await admin.request(
             "$SYS.REQ.SERVER.%s.VARZ" % info["server_id"], b"", timeout=TIMEOUT)).data)
         assert direct["data"]["server_id"] == info["server_id"]
+        connz = json.loads((await admin.request(
+            "$SYS.REQ.SERVER.PING.CONNZ", json.dumps({"subscriptions": True}).encode(),
+            timeout=TIMEOUT)).data)
+        assert connz["data"]["num_connections"] >= 1
+        assert any("subscriptions_list" in c for c in connz["data"]["connections"])
         await admin.close()
         # a user outside the system account cannot reach these
         a = await connect(accounts_server, user="a", password="a")
