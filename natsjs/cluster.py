@@ -101,6 +101,10 @@ class Cluster:
         self.port = 0
         self.host = copts.host
         self._nursery: trio.Nursery | None = None
+        self.tls_accept = self.tls_dial = None
+        if copts.tls is not None:
+            from natsjs.tls import make_route_contexts
+            self.tls_accept, self.tls_dial = make_route_contexts(copts.tls)
         self.accounts_changed()
 
     # ---- configuration-derived facts ----------------------------------------------
@@ -290,7 +294,8 @@ class Cluster:
             # an implicit route uses our own cluster credentials (processImplicitRoute)
             c["user"] = self.copts.username
             c["pass"] = self.copts.password
-        c.update({"tls_required": False, "headers": True, "name": self.server.server_id,
+        c.update({"tls_required": self.tls_dial is not None, "headers": True,
+                  "name": self.server.server_id,
                   "cluster": self.name})
         if self.dynamic_name:
             c["cluster_dynamic"] = True
@@ -306,6 +311,9 @@ class Cluster:
                 "go": "natsjs", "host": host, "port": port, "headers": True}
         if copts.username:
             info["auth_required"] = True
+        if self.tls_accept is not None:
+            info["tls_required"] = True
+            info["tls_verify"] = True
         info["max_payload"] = server.opts.max_payload
         if copts.advertise:
             adv = copts.advertise

@@ -138,7 +138,9 @@ def parse_cluster(value, path: str = "") -> ClusterOptions:
             kw["ping_interval"] = parse_duration(v)
         elif k == "ping_max":
             kw["max_pings_out"] = int(v)
-        elif k in ("tls", "permissions", "write_deadline", "write_timeout"):
+        elif k == "tls":
+            kw["tls"] = TLSConfig.from_conf(v)
+        elif k in ("permissions", "write_deadline", "write_timeout"):
             continue   # not implemented yet: accepted so documented configs load
         elif isinstance(value, conf.ConfMap) and value.is_used_variable(key):
             continue

@@ -65,6 +65,7 @@ class ClusterOptions:
     rtt_thresholds: tuple[float, ...] = DEFAULT_RTT_THRESHOLDS
     ping_interval: float = 0.0
     max_pings_out: int = 0
+    tls: TLSConfig | None = None
 
     def validate(self) -> None:
         if self.compression not in COMPRESSION_MODES:

@@ -125,12 +125,36 @@ class Route(Connection):
     async def on_start(self) -> bool:
         cluster = self.cluster
         self.server.log.info(self.log_prefix + "Route connection created")
+        if cluster.tls_accept is not None and not await self._tls_handshake():
+            return False
         if self.did_solicit:
             self.send(cluster.connect_line(self.solicit))
             if not self._delay_info():
                 self.send(cluster.info_line(self, initial=True))
         else:
             self.send(cluster.info_line(self, initial=True))
+        return True
+
+    async def _tls_handshake(self) -> bool:
+        """Routes do TLS before anything else (server/route.go createRoute)."""
+        from urllib.parse import urlsplit
+
+        from natsjs.tls import TLS_HANDSHAKE_FAILURE, TLSHandshakeError, TLSTransport
+        cluster = self.cluster
+        if self.did_solicit:
+            url = self.solicit.url
+            host = urlsplit(url if "://" in url else "nats-route://" + url).hostname
+            t = TLSTransport(self.sock, cluster.tls_dial, server_side=False,
+                             server_hostname=host)
+        else:
+            t = TLSTransport(self.sock, cluster.tls_accept)
+        try:
+            await t.handshake(cluster.copts.tls.timeout)
+        except TLSHandshakeError as exc:
+            self.server.log.error(self.log_prefix + "TLS route handshake error: %s", exc)
+            self.closed_reason = TLS_HANDSHAKE_FAILURE
+            return False
+        self.transport = t
         return True
 
     def _delay_info(self) -> bool:

@@ -330,6 +330,27 @@ def make_server_context(cfg: TLSConfig) -> ssl.SSLContext:
     return ctx
 
 
+def make_route_contexts(cfg: TLSConfig) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """Contexts for ``cluster { tls {} }``: (accepting, dialling).
+
+    Routes always verify both ways (server/opts.go parseCluster forces verify): the
+    acceptor wants the dialler's certificate, the dialler checks the acceptor's
+    against ``ca_file`` and the host it dialled.
+    """
+    import dataclasses
+    server_ctx = make_server_context(dataclasses.replace(cfg, verify=True))
+    client_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client_ctx.minimum_version = (ssl.TLSVersion.TLSv1_3 if cfg.min_version == "1.3"
+                                  else ssl.TLSVersion.TLSv1_2)
+    client_ctx.options |= ssl.OP_NO_COMPRESSION | getattr(ssl, "OP_NO_RENEGOTIATION", 0)
+    client_ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+    if cfg.ca_file:
+        client_ctx.load_verify_locations(cafile=cfg.ca_file)
+    else:
+        client_ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
+    return server_ctx, client_ctx
+
+
 def info_fields(cfg: Optional[TLSConfig], allow_non_tls: bool = False) -> dict:
     """The INFO keys for TLS (server/server.go NewServer; all ``omitempty``)."""
     if cfg is None:
@@ -402,11 +423,14 @@ class TLSTransport:
 
     is_tls = True
 
-    def __init__(self, sock: socket.socket, context: ssl.SSLContext):
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext, server_side: bool = True,
+                 server_hostname: str | None = None):
         self.sock = sock
         self._incoming = ssl.MemoryBIO()
         self._outgoing = ssl.MemoryBIO()
-        self._ssl = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
+        # server_side=False is a route's dialler (natsjs/route.py): same transport.
+        self._ssl = context.wrap_bio(self._incoming, self._outgoing, server_side=server_side,
+                                     server_hostname=server_hostname)
         self._rbuf = bytearray(READ_CHUNK)
         self._rview = memoryview(self._rbuf)
         self._wbuf = bytearray()
