@@ -229,7 +229,12 @@ class Client(Connection):
 
     def _authenticate(self, connect: dict) -> bool:
         server = self.server
-        user = authenticate(server.opts.auth, server.users_by_account(), connect, self.nonce)
+        tls = server.opts.tls
+        if tls is not None and tls.verify_and_map and getattr(self.transport, "is_tls", False):
+            user = self._tls_mapped_user()
+        else:
+            user = authenticate(server.opts.auth, server.users_by_account(), connect,
+                                self.nonce)
         if user is None:
             server.log.error(self.log_prefix + "authentication error%s",
                              " - User %r" % connect["user"] if connect.get("user") else "")
@@ -245,6 +250,18 @@ class Client(Connection):
         self.core.connect_required = False
         self.bind_user(user)
         return True
+
+    def _tls_mapped_user(self):
+        """verify_and_map: the user named by the client certificate (server/auth.go)."""
+        from natsjs.tls import client_identity
+        ident = client_identity(self.transport)
+        if ident is None:
+            return None
+        server = self.server
+        users = list(server.opts.auth.users) + [u for us in server.users_by_account().values()
+                                                for u in us]
+        name = ident.match(u.username for u in users if u.username)
+        return next((u for u in users if u.username == name), None) if name else None
 
     def bind_user(self, user) -> None:
         """Apply ``user``'s permissions (at CONNECT, and again on a config reload)."""

@@ -120,3 +120,41 @@ def test_tls_routes_in_a_mixed_cluster(pki, tmp_path):
     finally:
         for p in procs:
             p.stop()
+
+
+def test_verify_and_map_binds_the_certificate_user(pki, tmp_path):
+    conf = tmp_path / "map.conf"
+    conf.write_text('''
+tls { cert_file: "%s", key_file: "%s", ca_file: "%s", verify_and_map: true }
+authorization { users = [
+  { user: "CN=alice", permissions: { publish: "alice.>", subscribe: "alice.>" } }
+] }
+''' % (pki.node_pem, pki.node_key, pki.ca_pem))
+    s = start_natsjs("-c", str(conf))
+    try:
+        async def main():
+            errors = []
+
+            async def on_error(e):
+                errors.append(str(e).lower())
+            nc = await nats.connect("tls://127.0.0.1:%d" % s.port, tls=ctx(pki, "user"),
+                                    allow_reconnect=False, error_cb=on_error)
+            sub = await nc.subscribe("alice.inbox")
+            await nc.publish("alice.inbox", b"mine")
+            assert (await sub.next_msg(timeout=TIMEOUT)).data == b"mine"
+            await nc.publish("bob.inbox", b"not mine")
+            await nc.flush()
+            for _ in range(20):
+                if errors:
+                    break
+                await nc.flush()
+            assert any("permissions violation for publish" in e for e in errors)
+            await nc.close()
+            # a certificate that maps to no user is refused
+            with pytest.raises(Exception):
+                bad = await nats.connect("tls://127.0.0.1:%d" % s.port, tls=ctx(pki, "node"),
+                                         allow_reconnect=False, connect_timeout=3)
+                await bad.close()
+        run(main())
+    finally:
+        s.stop()
