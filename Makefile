@@ -70,3 +70,11 @@ micro: build
 profile: build
 	$(PY) -m bench.profile --scenario $(SCENARIO) --out $(RESULTS)/flame-$(SCENARIO).svg \
 		$(if $(filter 1,$(PROFILE_BUILD)),--profile-build) $(BENCH_TOOLS) $(PROFILE_ARGS)
+
+# Route compression, natsjs next to nats-server: per level, wire bytes through a counting
+# proxy, compression ratio, throughput, and natsjs's S2 codec speed (bench/README.md).
+COMPRESSION_ARGS ?=
+.PHONY: bench-compression
+bench-compression: build
+	$(PY) -m bench.compression $(if $(NATS_SERVER),--nats-server $(NATS_SERVER)) \
+		--results $(RESULTS) $(COMPRESSION_ARGS)

@@ -788,6 +788,9 @@ def _route_info(r, clock: Clock, subs: bool, subs_detail: bool) -> dict:
     acc = getattr(r, "account", None)
     if acc:
         ri["account"] = _account_name(acc)
+    elif getattr(r, "pool_idx", None) is not None and not getattr(r, "no_pool", False):
+        # natsjs extension: which pool slot this connection is (nats-server does not say)
+        ri["pool_idx"] = r.pool_idx
     comp = getattr(r, "compression", "")
     if comp:
         ri["compression"] = comp

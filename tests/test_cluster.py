@@ -248,6 +248,7 @@ def test_pooling_pinned_accounts_and_pool_index(procs):
     wait_until(lambda: len(http_json(b, "/routez")["routes"]) == 4, "3 pooled + $SYS routes")
     routes = http_json(b, "/routez")["routes"]
     assert sorted(r.get("account", "") for r in routes) == ["", "", "", "$SYS"]
+    assert sorted(r["pool_idx"] for r in routes if "pool_idx" in r) == [0, 1, 2]
 
     async def main():
         na, nb = await connect(a), await connect(b)
