@@ -431,6 +431,7 @@ class TLSTransport:
         # server_side=False is a route's dialler (natsjs/route.py): same transport.
         self._ssl = context.wrap_bio(self._incoming, self._outgoing, server_side=server_side,
                                      server_hostname=server_hostname)
+        self._peer = "client" if server_side else "peer"
         self._rbuf = bytearray(READ_CHUNK)
         self._rview = memoryview(self._rbuf)
         self._wbuf = bytearray()
@@ -493,7 +494,7 @@ class TLSTransport:
                     self._flush()
                 except OSError:
                     pass
-                raise _handshake_error(exc) from None
+                raise _handshake_error(exc, self._peer) from None
             self._pull()
             while self._wbuf:
                 try:
@@ -514,7 +515,8 @@ class TLSTransport:
                     raise TLSHandshakeError("TLS handshake error: %s" % exc) from None
                 break
             if n == 0:
-                raise TLSHandshakeError("TLS handshake error: connection closed by client",
+                raise TLSHandshakeError("TLS handshake error: connection closed by %s"
+                                        % self._peer,
                                         probe=True)
             self._incoming.write(self._rview[:n])
         self._established = True
@@ -590,11 +592,13 @@ class TLSTransport:
         self._pull()
         if self._wbuf:
             self._flush()
-        ready = self._acked()
         total = len(data)
-        if ready + self._owed > total:
-            raise ValueError("TLSTransport.send: data does not continue the previous send "
-                             "(%d bytes were already encrypted)" % (ready + self._owed))
+        if self._owed > total:
+            # A caller bug; an OSError so that only this connection is closed (send
+            # also runs from other connections' tasks), raised before any change.
+            raise TLSError(errno.EINVAL, "TLS send: data does not continue the previous "
+                           "send (%d bytes were already encrypted)" % self._owed)
+        ready = self._acked()
         if self._wbuf:  # the socket is full; report the records that did get out
             if ready:
                 return ready
@@ -777,13 +781,14 @@ def _ssl_reason(exc: BaseException) -> str:
     return str(exc)
 
 
-def _handshake_error(exc: ssl.SSLError) -> TLSHandshakeError:
+def _handshake_error(exc: ssl.SSLError, peer: str = "client") -> TLSHandshakeError:
     reason = str(exc.reason or "")
     if isinstance(exc, ssl.SSLEOFError) or reason == "UNEXPECTED_EOF_WHILE_READING":
-        return TLSHandshakeError("TLS handshake error: connection closed by client", probe=True)
+        return TLSHandshakeError("TLS handshake error: connection closed by %s" % peer,
+                                 probe=True)
     if isinstance(exc, ssl.SSLCertVerificationError) or reason == "CERTIFICATE_VERIFY_FAILED":
-        return TLSHandshakeError("TLS handshake error: client certificate verification "
-                                 "failed: %s" % (getattr(exc, "verify_message", "") or reason))
+        return TLSHandshakeError("TLS handshake error: %s certificate verification failed: %s"
+                                 % (peer, getattr(exc, "verify_message", "") or reason))
     if reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
         return TLSHandshakeError("TLS handshake error: client didn't provide a certificate")
     if reason in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "HTTPS_PROXY_REQUEST",

@@ -26,7 +26,7 @@ import trio.testing
 
 from natsjs import conf
 from natsjs.tls import (ClientIdentity, PlainTransport, TLSConfig, TLSConfigError,
-                        TLSError, TLSHandshakeError, TLSTransport, accept_tls,
+                        TLSError, TLSHandshakeError, accept_tls,
                         client_identity, info_fields, make_server_context, parse_dn,
                         peek_first_byte)
 
@@ -368,7 +368,12 @@ def test_send_reports_only_bytes_on_the_wire(certs):
                 del out[:n]
             checks["consumed"] = consumed
             checks["pending_ciphertext"] = t.pending_output
-            checks["owed"] = t._owed
+            checks["owed"] = owed = t._owed
+            # A send that does not continue the stream is refused as an OSError,
+            # without losing state: the write loop below still delivers exactly.
+            with pytest.raises(TLSError, match="does not continue"):
+                t.send(out[:owed - 1])
+            assert t._owed == owed
             stuck.set()
             while out:  # the write loop
                 with trio.fail_after(10):
