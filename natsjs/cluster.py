@@ -157,23 +157,12 @@ class Cluster:
                 self._nursery.start_soon(self._solicit_loop, Solicit(s.url, s.explicit, acc))
 
     async def _accept_loop(self, lsock: socket.socket) -> None:
-        server = self.server
-        while True:
-            try:
-                sock, addr = lsock.accept()
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(lsock)
-                continue
-            except OSError as exc:
-                server.log.error("Error accepting route connection: %s", exc)
-                await trio.sleep(0.1)
-                continue
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            server._cid += 1
-            route = Route(self, sock, server._cid, addr)
-            self.routes.add(route)
-            self._nursery.start_soon(route.run)
+        await self.server.accept_connections(lsock, self._new_route, "Route")
+
+    def _new_route(self, sock: socket.socket, addr) -> None:
+        route = Route(self, sock, self.server._cid, addr)
+        self.routes.add(route)
+        self._nursery.start_soon(route.run)
 
     async def _dial(self, url: str) -> tuple[socket.socket, tuple] | None:
         u = urlsplit(url if "://" in url else "nats-route://" + url)

@@ -277,9 +277,14 @@ class Server:
 
     async def _accept_loop(self, lsock: socket.socket) -> None:
         with self._accept_scope:
-            await self._accept(lsock)
+            await self.accept_connections(lsock, self._new_client, "Client")
 
-    async def _accept(self, lsock: socket.socket) -> None:
+    async def accept_connections(self, lsock: socket.socket, on_socket, what: str) -> None:
+        """Accept on ``lsock`` forever, handing each socket to ``on_socket(sock, addr)``.
+
+        Running out of file descriptors or buffers is temporary: log, back off and
+        go on, as trio's and nats-server's accept loops do (ACCEPT_MIN/MAX_SLEEP).
+        """
         delay = ACCEPT_MIN_SLEEP
         while True:
             try:
@@ -289,8 +294,8 @@ class Server:
                 continue
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self.log.error("Temporary Client Accept Error(%s), sleeping %dms",
-                                   exc, int(delay * 1000))
+                    self.log.error("Temporary %s Accept Error(%s), sleeping %dms",
+                                   what, exc, int(delay * 1000))
                     await trio.sleep(delay)
                     delay = min(delay * 2, ACCEPT_MAX_SLEEP)
                     continue
@@ -301,16 +306,19 @@ class Server:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._cid += 1
-            client = Client(self, sock, self._cid, addr)
-            if len(self.clients) >= self.opts.max_connections:
-                self.log.error(client.log_prefix + "maximum connections exceeded")
-                client.send(self.client_info_line(client))
-                client.close(MAX_CONNECTIONS, "maximum connections exceeded")
-                sock.close()
-                continue
-            self.clients[client.cid] = client
-            self.total_connections += 1
-            self._nursery.start_soon(client.run)
+            on_socket(sock, addr)
+
+    def _new_client(self, sock: socket.socket, addr) -> None:
+        client = Client(self, sock, self._cid, addr)
+        if len(self.clients) >= self.opts.max_connections:
+            self.log.error(client.log_prefix + "maximum connections exceeded")
+            client.send(self.client_info_line(client))
+            client.close(MAX_CONNECTIONS, "maximum connections exceeded")
+            sock.close()
+            return
+        self.clients[client.cid] = client
+        self.total_connections += 1
+        self._nursery.start_soon(client.run)
 
     # ---- connections -----------------------------------------------------------
 

@@ -59,6 +59,33 @@ cdef inline char* _put(char* p, const void* src, Py_ssize_t n) noexcept nogil:
     return p + n
 
 
+cdef inline char* _put_word(char* p, const void* src, Py_ssize_t n) noexcept nogil:
+    """``src`` and the space that separates protocol arguments."""
+    memcpy(p, src, n)
+    p[n] = c' '
+    return p + n + 1
+
+
+cdef inline char* _put_sizes(char* p, Py_ssize_t hdr, Py_ssize_t hd, Py_ssize_t size,
+                             Py_ssize_t nd) noexcept nogil:
+    """The size arguments that end MSG/HMSG/RMSG lines: ``[hdr ]size``."""
+    if hdr >= 0:
+        p = _put_int(p, hdr, hd)
+        p[0] = c' '
+        p += 1
+    return _put_int(p, size, nd)
+
+
+cdef inline char* _put_payload(char* p, const unsigned char* msg, Py_ssize_t size) noexcept nogil:
+    """``\\r\\n<payload>\\r\\n`` after a control line."""
+    p[0] = c'\r'
+    p[1] = c'\n'
+    p = _put(p + 2, msg, size)
+    p[0] = c'\r'
+    p[1] = c'\n'
+    return p + 2
+
+
 cdef inline char* reserve(bytearray out, Py_ssize_t extra) except NULL:
     """Grow ``out`` by ``extra`` bytes and return where they start."""
     cdef Py_ssize_t old = PyByteArray_GET_SIZE(out)
@@ -325,29 +352,16 @@ cdef class ClientCore(Conn):
             p = _put(p, b"HMSG ", 5)
         else:
             p = _put(p, b"MSG ", 4)
-        p = _put(p, subj, slen)
-        p[0] = c' '
-        p = _put(p + 1, PyBytes_AS_STRING(sid), sidlen)
-        p[0] = c' '
-        p += 1
+        p = _put_word(p, subj, slen)
+        p = _put_word(p, PyBytes_AS_STRING(sid), sidlen)
         if rlen >= 0:
-            p = _put(p, reply, rlen)
-            p[0] = c' '
-            p += 1
-        if hdr >= 0:
-            p = _put_int(p, hdr, hd)
-            p[0] = c' '
-            p += 1
-        p = _put_int(p, size, nd)
+            p = _put_word(p, reply, rlen)
+        p = _put_sizes(p, hdr, hd, size, nd)
         if self.on_trace_out is not None:
+            # the callback does not touch self.out, so p stays valid
             self.on_trace_out(PyBytes_FromStringAndSize(start, p - start),
                               PyBytes_FromStringAndSize(<const char*>msg, size))
-            # the callback may not touch self.out, so p stays valid
-        p[0] = c'\r'
-        p[1] = c'\n'
-        p = _put(p + 2, msg, size)
-        p[0] = c'\r'
-        p[1] = c'\n'
+        _put_payload(p, msg, size)
         self.out_msgs += 1
         self.out_bytes += size
         if self.on_reply is not None and rlen > 0:
@@ -448,37 +462,17 @@ cdef class RouteCore(Conn):
         p = reserve(self.out, total)
         p = _put(p, b"HMSG " if hdr >= 0 else b"RMSG ", 5)
         if with_acc:
-            p = _put(p, acc, alen)
-            p[0] = c' '
-            p += 1
-        p = _put(p, subj, slen)
-        p[0] = c' '
-        p += 1
+            p = _put_word(p, acc, alen)
+        p = _put_word(p, subj, slen)
         if qlen > 0:
-            p[0] = c'+' if rlen >= 0 else c'|'
-            p[1] = c' '
-            p += 2
+            p = _put_word(p, b"+" if rlen >= 0 else b"|", 1)
             if rlen >= 0:
-                p = _put(p, reply, rlen)
-                p[0] = c' '
-                p += 1
-            p = _put(p, queues, qlen)
-            p[0] = c' '
-            p += 1
+                p = _put_word(p, reply, rlen)
+            p = _put_word(p, queues, qlen)
         elif rlen >= 0:
-            p = _put(p, reply, rlen)
-            p[0] = c' '
-            p += 1
-        if hdr >= 0:
-            p = _put_int(p, hdr, hd)
-            p[0] = c' '
-            p += 1
-        p = _put_int(p, size, nd)
-        p[0] = c'\r'
-        p[1] = c'\n'
-        p = _put(p + 2, msg, size)
-        p[0] = c'\r'
-        p[1] = c'\n'
+            p = _put_word(p, reply, rlen)
+        p = _put_sizes(p, hdr, hd, size, nd)
+        _put_payload(p, msg, size)
         self.out_msgs += 1
         self.out_bytes += size
         return 0
