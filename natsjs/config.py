@@ -48,8 +48,7 @@ _LATER = {"jetstream", "leafnodes", "gateway", "websocket", "mqtt",
 # validateAndNormalizeCompressionOption), for routes.
 _COMPRESSION_ALIASES = {"on": "accept", "enabled": "accept", "true": "accept",
                         "disabled": "off", "false": "off", "auto": "s2_auto",
-                        "fast": "s2_fast", "better": "s2_better", "best": "s2_best",
-                        "uncompressed": "s2_uncompressed"}
+                        "fast": "s2_fast", "better": "s2_better", "best": "s2_best"}
 
 
 def parse_compression(value, path: str = "") -> tuple[str, tuple[float, ...] | None]:
@@ -78,7 +77,9 @@ def parse_compression(value, path: str = "") -> tuple[str, tuple[float, ...] | N
     else:
         raise ValueError("compression: unexpected value %r" % (value,))
     mode = _COMPRESSION_ALIASES.get(mode.lower(), mode.lower())
-    if mode not in COMPRESSION_MODES:
+    # s2_uncompressed is a level s2_auto may pick, not a mode one can configure
+    # (nats-server refuses it too).
+    if mode not in COMPRESSION_MODES or mode == "s2_uncompressed":
         raise ValueError('unsupported compression mode "%s"' % mode)
     return mode, thresholds
 
