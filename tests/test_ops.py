@@ -185,3 +185,51 @@ def test_sigterm_is_graceful(natsjs_server):
         await nc.close()
     run(main())
     assert "Server Exiting" in server.text()
+
+
+JS_CLUSTER_DOC = """server_name=n1-c1
+listen=4222
+
+jetstream {
+   store_dir=/nats/storage
+}
+
+cluster {
+  name: C1
+  listen: 0.0.0.0:6222
+  routes: [
+    nats-route://host_b:6222
+    nats-route://host_c:6222
+  ]
+}
+"""
+
+SYS_ADMIN_DOC = JS_CLUSTER_DOC + """
+accounts {
+  $SYS {
+    users = [
+      { user: "admin",
+        pass: "$2a$11$PWIFAL8RsWyGI3jVZtO9Nu8.6jOxzxfZo7c/W0eLk017hjgUKWrhy"
+      }
+    ]
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("text", [JS_CLUSTER_DOC, SYS_ADMIN_DOC], ids=["cluster", "sys-admin"])
+def test_jetstream_clustering_documentation_configs_load(tmp_path, text):
+    """The documentation's three-node configurations load as written (-t checks them)."""
+    from conftest import reference_server_binary
+    path = write(tmp_path / "n1.conf", text)
+    ours = subprocess.run([sys.executable, "-m", "natsjs", "-t", "-c", path],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert ours.returncode == 0, ours.stderr
+    ref = subprocess.run([reference_server_binary(), "-t", "-c", path], capture_output=True,
+                         text=True, timeout=TIMEOUT)
+    assert ref.returncode == 0, ref.stderr
+    from natsjs.config import load_config
+    opts = load_config(path)
+    assert opts.server_name == "n1-c1" and opts.port == 4222
+    assert opts.cluster.name == "C1" and opts.cluster.port == 6222
+    assert opts.cluster.routes == ("nats-route://host_b:6222", "nats-route://host_c:6222")
