@@ -226,6 +226,10 @@ class Connection:
             if stalled is not None:
                 core.stalled = None
                 await stalled.conn.wait_drained(STALL_WAIT)
+            elif n < size:
+                # A short read drained the socket: wait for more (which also lets the
+                # other tasks run) instead of a read that would only fail.
+                await t.wait_readable()
             else:
                 await trio.lowlevel.checkpoint()
             if n == size and size < MAX_READ:
