@@ -155,3 +155,15 @@ def any_server(request):
     s = start_natsjs() if request.param == "natsjs" else start_reference()
     yield s
     s.stop()
+
+
+async def settle(*conns):
+    """Make sure each nats-py connection's earlier commands reached the server.
+
+    nats-py's flush() writes its PING straight to the socket, so it can overtake
+    commands still queued for its flusher task; a second round trip starts only after
+    that queue was written, so its PONG proves the server has everything.
+    """
+    for nc in conns:
+        await nc.flush()
+        await nc.flush()

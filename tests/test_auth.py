@@ -12,7 +12,7 @@ import nkeys
 import pytest
 from nats.errors import TimeoutError as NatsTimeout
 
-from conftest import start_natsjs, start_reference
+from conftest import settle, start_natsjs, start_reference
 
 TIMEOUT = 10
 SEED = b"SUAMLK2ZNL35WSMW37E7UD4VZ7ELPKW7DHC3BWBSD2GCZ7IUQQXZIORRBU"
@@ -162,7 +162,7 @@ def test_allow_responses(auth_server):
             await msg.respond(b"answer")
             await svc.publish(msg.reply, b"second answer is not allowed")
         await svc.subscribe("req.q", cb=answer)
-        await svc.flush()
+        await settle(svc)
         client = await connect(auth_server, user="alice", password="a-secret")
         inbox = client.new_inbox()
         replies = await client.subscribe(inbox)
@@ -212,13 +212,12 @@ def test_accounts_isolation_and_imports(accounts_server):
         b_feed = await b.subscribe("feed.>")
         c_feed = await c.subscribe("feed.>")
         a_private = await a.subscribe("private")
-        await b.flush()
-        await c.flush()
+        await settle(b, c)
 
         async def helper(msg):
             await msg.respond(b"helped:" + msg.data)
         await a.subscribe("help.*", cb=helper)
-        await a.flush()
+        await settle(a)
 
         await a.publish("feed.news", b"exported")
         await c.publish("private", b"from c")         # same subject, other account

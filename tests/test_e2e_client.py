@@ -10,6 +10,8 @@ import nats
 import pytest
 from nats.errors import MaxPayloadError, NoRespondersError, TimeoutError as NatsTimeout
 
+from conftest import settle
+
 TIMEOUT = 10
 
 
@@ -184,8 +186,7 @@ def test_no_echo(any_server):
         other = await connect(any_server)
         mine = await nc.subscribe("echo")
         theirs = await other.subscribe("echo")
-        await nc.flush()
-        await other.flush()
+        await settle(nc, other)
         await nc.publish("echo", b"from nc")
         await other.publish("echo", b"from other")
         await nc.flush()
@@ -212,7 +213,7 @@ def test_many_messages_in_order(shared_natsjs):
             if len(got) == n:
                 done.set()
         await subc.subscribe("order", cb=cb, pending_msgs_limit=n + 1)
-        await subc.flush()
+        await settle(subc)
         for i in range(n):
             await pub.publish("order", b"%d" % i)
         await pub.flush()

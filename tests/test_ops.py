@@ -7,7 +7,7 @@ import sys
 import nats
 import pytest
 
-from conftest import start_natsjs, start_reference
+from conftest import settle, start_natsjs, start_reference
 
 TIMEOUT = 10
 SIGNAL_CMD = [sys.executable, "-m", "natsjs", "--signal"]
@@ -51,7 +51,7 @@ def test_reload_changes_permissions_live(tmp_path):
             other = await nats.connect(server.url, user="other", password="o",
                                        allow_reconnect=False)
             sub = await other.subscribe(">")
-            await other.flush()
+            await settle(other)
             await pub.publish("later.x", b"denied")
             await pub.publish("allowed.x", b"ok")
             await pub.flush()
