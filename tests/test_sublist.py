@@ -133,3 +133,16 @@ def test_matches_naive_matcher(pats, subjs, data):
             assert subject_matches(x.subject, subj) == naive_match(x.subject, subj)
     assert sl.count == len(live)
     assert set(sl.subscriptions()) == set(live)
+
+
+def test_stats_fanout_over_cached_results():
+    sl = Sublist()
+    for i in range(3):
+        sl.insert(Subscription(b"a.b", sid=b"%d" % i))
+    sl.insert(Subscription(b"a.*", b"q", b"9"))
+    sl.match(b"a.b")          # 3 plain + 1 queue group
+    sl.match(b"a.c")          # 1 queue group
+    st = sl.stats()
+    assert st["max_fanout"] == 4
+    assert st["avg_fanout"] == 2.5
+    assert st["num_cache"] == 2

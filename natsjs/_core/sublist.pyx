@@ -362,7 +362,19 @@ cdef class Sublist:
         return len(self.cache)
 
     def stats(self):
-        """Counters with nats-server's /subsz names."""
+        """Counters with nats-server's /subsz names.
+
+        Fan-out is measured over the cached results, as nats-server does
+        (server/sublist.go Stats): how many subscriptions and queue groups a match
+        reaches, at most and on average.
+        """
+        cdef SublistResult r
+        cdef Py_ssize_t fan, max_fan = 0, total = 0
+        for r in self.cache.values():
+            fan = len(r.psubs) + len(r.qsubs)
+            total += fan
+            if fan > max_fan:
+                max_fan = fan
         return {
             "num_subscriptions": self.count,
             "num_cache": len(self.cache),
@@ -370,4 +382,6 @@ cdef class Sublist:
             "num_removes": self.removes,
             "num_matches": self.matches,
             "cache_hit_rate": (self.cache_hits / self.matches) if self.matches else 0.0,
+            "max_fanout": max_fan,
+            "avg_fanout": (<double>total / len(self.cache)) if self.cache else 0.0,
         }
