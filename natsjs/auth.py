@@ -342,6 +342,7 @@ class PermissionChecker:
         self._sub_allow = _sublist_of(sub.allow)
         self._sub_deny = _sublist_of(sub.deny)
         self._pub_cache: dict[bytes, bool] = {}
+        self._deliver_cache: dict[bytes, bool] = {}
         self.response = perms.response
         # reply subject -> [remaining messages, expiry (monotonic seconds)]
         self.replies: dict[bytes, list] = {}
@@ -393,6 +394,24 @@ class PermissionChecker:
                     del self.replies[k]
             self.replies[reply] = [self.response.max_msgs,
                                    time.monotonic() + self.response.expires]
+
+    @property
+    def checks_delivery(self) -> bool:
+        return self._sub_deny is not None
+
+    def can_deliver(self, subject: bytes) -> bool:
+        """A message may reach this client: its subject is not subscribe-denied.
+
+        Needed because a wildcard subscription (``>``) may be allowed while it covers
+        denied subjects (server/client.go checkDenySub).
+        """
+        ok = self._deliver_cache.get(subject)
+        if ok is None:
+            ok = not self._matches(self._sub_deny, subject)
+            if len(self._deliver_cache) >= self.CACHE_MAX:
+                self._deliver_cache.clear()
+            self._deliver_cache[subject] = ok
+        return ok
 
     def can_subscribe(self, subject: bytes, queue: bytes | None = None) -> bool:
         if self._sub_allow is not None:

@@ -128,6 +128,7 @@ class Client(Connection):
         # longer in any sublist; the output buffer is released).
         self.stop = trio.current_time()
         del self.core.out[:]
+        self.core.release()
         self.server.closed_clients.append(self)
 
     def on_trace_changed(self) -> None:
@@ -215,10 +216,24 @@ class Client(Connection):
             self.protocol = int(opts.get("protocol", 0) or 0)
         except (TypeError, ValueError):
             self.protocol = -1
+        previous = self.account
         if self.auth_required and not self._authenticate(opts):
             return
+        if self.connect_received:
+            if self.account is not previous:
+                # A second CONNECT moved us to another account: what we subscribed to
+                # in the old one goes (server/client.go clearAccountSubs).
+                subs = list(self.subs.values())
+                for sub in subs:
+                    sub.closed = True
+                    previous.sublist.remove(sub)
+                self.server.route_interest(previous, subs, -1)
+                self.subs.clear()
+                previous.client_count -= 1
+                self.account.client_count += 1
+        else:
+            self.account.client_count += 1
         self.connect_received = True
-        self.account.client_count += 1
         if self.protocol < 0 or self.protocol > CLIENT_PROTO_INFO:
             self.close(PROTOCOL_VIOLATION, "invalid client protocol")
             return
@@ -271,6 +286,8 @@ class Client(Connection):
             else None
         self.core.on_reply = self.perms.note_reply if self.perms and self.perms.response \
             else None
+        self.core.deliver_filter = self.perms.can_deliver \
+            if self.perms and self.perms.checks_delivery else None
 
     def reauthorize(self) -> None:
         """After a reload: close the connection if its credentials no longer pass."""

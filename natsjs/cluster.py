@@ -46,6 +46,9 @@ DIAL_TIMEOUT = 1.0       # server/const.go DEFAULT_ROUTE_DIAL
 CONNECT_DELAY = 1.0      # DEFAULT_ROUTE_CONNECT
 CONNECT_MAX_DELAY = 30.0  # DEFAULT_ROUTE_CONNECT_MAX
 RECONNECT_DELAY = 1.0    # DEFAULT_ROUTE_RECONNECT
+# Bounds on what a peer may ask for (the route port may have no authorization).
+MAX_POOL_SIZE = 256
+MAX_QUEUE_WEIGHT = 4096
 
 
 def pool_index(pool_size: int, account: str) -> int:
@@ -174,9 +177,10 @@ class Cluster:
             self.server.log.debug("Error resolving route %s: %s", url, exc)
             return None
         family, _, _, _, addr = random.choice(infos)
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setblocking(False)
+        sock = None
         try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setblocking(False)
             try:
                 sock.connect(addr)
             except BlockingIOError:
@@ -187,12 +191,15 @@ class Cluster:
                 err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if err:
                     raise OSError(err, "connection refused")
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock, sock.getpeername()
         except OSError as exc:
+            # Out of descriptors, a reset right after connecting...: this attempt
+            # failed, the server goes on.
             self.server.log.debug("Error trying to connect to route (%s): %s", url, exc)
-            sock.close()
+            if sock is not None:
+                sock.close()
             return None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock, sock.getpeername()
 
     async def _solicit_loop(self, s: Solicit) -> None:
         server = self.server
@@ -219,8 +226,11 @@ class Cluster:
                 return
             if s.explicit and s.url not in self.copts.routes:
                 return
-            if not s.explicit and route.remote_id in self.remotes:
-                return   # another connection to that server took over
+            remote = self.remotes.get(route.remote_id)
+            if not s.explicit and remote is not None and (
+                    (s.account is None and None not in remote.pool and remote.pool)
+                    or (s.account is not None and s.account in remote.pinned)):
+                return   # another connection to that server holds this slot
             # server/route.go reconnect: explicit routes after a second, with jitter.
             await trio.sleep((RECONNECT_DELAY if s.explicit else 0) + random.random() * 0.1)
 
@@ -257,7 +267,19 @@ class Cluster:
             notes.append("compression")
         if reconnect_all:
             for r in list(self.routes):
+                if r.account is not None and r.account not in self.pinned_accounts():
+                    r.no_reconnect = True
                 r.close(ROUTE_REMOVED)
+            # Dial the newly pinned accounts on every server we know a URL for.
+            added = set(self.pinned_accounts()) - set(
+                old.accounts + ((self.server.system_account.name,) if old.pool_size > 0
+                                else ()))
+            urls = {(remote.url, remote.explicit) for remote in self.remotes.values()
+                    if remote.url}
+            urls |= {(u, True) for u in new.routes}
+            for url, explicit in urls:
+                for acc in added:
+                    self._nursery.start_soon(self._solicit_loop, Solicit(url, explicit, acc))
             notes.append("pool_size/accounts")
         removed = set(old.routes) - set(new.routes)
         for r in list(self.routes):
@@ -374,6 +396,10 @@ class Cluster:
             remote.url = route.solicit.url
             remote.explicit = remote.explicit or route.solicit.explicit
         remote_pool = info.get("route_pool_size") or 0
+        if not isinstance(remote_pool, int) or remote_pool > MAX_POOL_SIZE:
+            route.no_reconnect = True
+            route.close(ROUTE_REMOVED, "Invalid route pool size: %r" % (remote_pool,))
+            return
         no_pool = remote_pool <= 0 or self.pool_size < 0
         account = route.account if route.did_solicit else info.get("route_account")
         if account:
@@ -383,6 +409,7 @@ class Cluster:
                             '"%s" between those servers' % account)
                 return
             if account not in self.pinned_accounts():
+                route.no_reconnect = True
                 route.close(ROUTE_REMOVED, 'No route for account "%s"' % account)
                 return
             if not self._resolve_duplicate(remote.pinned.get(account), route):
@@ -616,7 +643,8 @@ class Cluster:
         if add and len(parts) == 1:
             return acc, parts[0], None, 1
         if add and len(parts) == 3:
-            return acc, parts[0], parts[1], max(int(parts[2]), 1)
+            # A queue weight is listed that many times in match results: bound it.
+            return acc, parts[0], parts[1], min(max(int(parts[2]), 1), MAX_QUEUE_WEIGHT)
         if not add and len(parts) in (1, 2):
             return acc, parts[0], parts[1] if len(parts) == 2 else None, 0
         raise ValueError("wrong number of arguments")

@@ -38,6 +38,8 @@ MAX_READ = 65536
 STALL_WAIT = 0.005
 # How long a connection closed with an -ERR is drained so the peer can read it.
 LINGER = 1.0
+# Compressed bytes decoded per step (see Connection._feed_s2).
+S2_SLICE = 4096
 
 # Reasons a connection closed, as nats-server names them in /connz.
 CLIENT_CLOSED = "Client Closed"
@@ -89,7 +91,7 @@ class Connection:
         try:
             with trio.CancelScope() as scope:
                 self._scope = scope
-                if await self.on_start():
+                if self.closed_reason is None and await self.on_start():
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(self._write_loop)
                         nursery.start_soon(self._ping_loop)
@@ -196,7 +198,7 @@ class Connection:
             self.last_activity = trio.current_time()
             try:
                 if self.s2_reader is not None:
-                    core.feed(self.s2_reader.feed(view[:n]))
+                    self._feed_s2(view[:n])
                 else:
                     used = core.feed(view[:n])
                     if core.pause:
@@ -204,7 +206,10 @@ class Connection:
                         core.pause = False
                         rest = bytes(view[used:n])
                         if rest:
-                            core.feed(self.s2_reader.feed(rest) if self.s2_reader else rest)
+                            if self.s2_reader is not None:
+                                self._feed_s2(rest)
+                            else:
+                                core.feed(rest)
             except ProtocolError as exc:
                 server.flush_pcd(core)
                 self._protocol_error(exc)
@@ -240,6 +245,22 @@ class Connection:
                 size //= 2
                 buf = bytearray(size)
                 view = memoryview(buf)
+
+    def _feed_s2(self, data) -> None:
+        """Decode an S2 stream a slice at a time, parsing as we go.
+
+        A compressed block can expand 50 000 times (4 MiB of zeros in ~80 bytes), so
+        a whole read is never decoded at once: memory stays bounded by what one
+        slice of the wire can expand to, whatever a peer sends.
+        """
+        reader = self.s2_reader
+        core = self.core
+        for i in range(0, len(data), S2_SLICE):
+            out = reader.feed(data[i:i + S2_SLICE])
+            if out:
+                core.feed(out)
+                if core.closed:
+                    return
 
     def _protocol_error(self, exc: ProtocolError) -> None:
         err = exc.client_error

@@ -212,7 +212,9 @@ class Route(Connection):
     def switch_reader(self) -> None:
         """Everything after the INFO being processed arrives as an S2 stream."""
         from natsjs._core.s2 import S2Reader
-        self.s2_reader = S2Reader()
+        # nats-server writes 1 MiB blocks (klauspost/compress s2 default); refusing
+        # larger ones bounds what one chunk can expand to.
+        self.s2_reader = S2Reader(max_block_size=1 << 20)
         self.core.pause = True
 
     # ---- protocol ------------------------------------------------------------------

@@ -301,7 +301,11 @@ class Server:
                     continue
                 if self.shutting_down:
                     return
-                raise
+                # Anything else (ECONNABORTED, EPROTO, EPERM ...) concerns one
+                # connection attempt, not the listener (nats-server acceptError).
+                self.log.error("%s Accept Error: %s", what, exc)
+                await trio.sleep(ACCEPT_MIN_SLEEP)
+                continue
             delay = ACCEPT_MIN_SLEEP
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -401,13 +405,16 @@ class Server:
     def _deliver_one(sub, subject, reply, msg, hdr, targets) -> int:
         if sub.closed or (sub.max_msgs and sub.nmsgs >= sub.max_msgs):
             return 0
-        sub.nmsgs += 1
         if sub.callback is not None:
+            sub.nmsgs += 1
             sub.callback(sub, subject, reply, hdr, msg)
             return 1
         core = sub.client
         if core is None or core.closed:
             return 0
+        if core.deliver_filter is not None and not core.deliver_filter(subject):
+            return 0
+        sub.nmsgs += 1
         core.send_msg(sub, subject, reply, hdr, msg)
         if not core.pending:
             core.pending = True

@@ -283,3 +283,74 @@ def test_token_and_user_flags(natsjs_server, reference_server):
             await nc.close()
             await refused(u, user="u", password="q")
         run(main2())
+
+
+DENY = """
+authorization { users = [
+  { user: watcher, password: w, permissions: { subscribe: { allow: ">", deny: "secret.>" } } }
+  { user: pub, password: p }
+] }
+"""
+
+
+@pytest.mark.parametrize("kind", ["natsjs", "reference"])
+def test_wildcard_subscription_does_not_receive_denied_subjects(kind, tmp_path):
+    s = _server(kind, tmp_path, DENY)
+    try:
+        async def main():
+            w = await connect(s, user="watcher", password="w")
+            p = await connect(s, user="pub", password="p")
+            everything = await w.subscribe(">")
+            await settle(w)
+            await p.publish("secret.plans", b"no")
+            await p.publish("public.news", b"yes")
+            await p.flush()
+            got = await everything.next_msg(timeout=TIMEOUT)
+            assert got.subject == "public.news"
+            with pytest.raises(NatsTimeout):
+                await everything.next_msg(timeout=0.3)
+            await w.close()
+            await p.close()
+        run(main())
+    finally:
+        s.stop()
+
+
+SWITCH = """
+accounts {
+  A { users = [ { user: a, password: a } ] }
+  B { users = [ { user: b, password: b } ] }
+}
+"""
+
+
+@pytest.mark.parametrize("kind", ["natsjs", "reference"])
+def test_second_connect_into_another_account_drops_old_subscriptions(kind, tmp_path):
+    import socket
+    s = _server(kind, tmp_path, SWITCH)
+    try:
+        raw = socket.create_connection(("127.0.0.1", s.port), timeout=TIMEOUT)
+        raw.recv(4096)
+        raw.sendall(b'CONNECT {"verbose":false,"user":"a","pass":"a"}\r\nSUB foo 1\r\nPING\r\n')
+        buf = b""
+        while b"PONG" not in buf:
+            buf += raw.recv(4096)
+        raw.sendall(b'CONNECT {"verbose":false,"user":"b","pass":"b"}\r\nPING\r\n')
+        buf = b""
+        while b"PONG" not in buf:
+            buf += raw.recv(4096)
+
+        async def main():
+            a = await connect(s, user="a", password="a")
+            await a.publish("foo", b"for account A")
+            await a.flush()
+            await a.close()
+        run(main())
+        raw.sendall(b"PING\r\n")
+        buf = b""
+        while b"PONG" not in buf:
+            buf += raw.recv(4096)
+        assert b"MSG foo" not in buf       # the switched connection left account A behind
+        raw.close()
+    finally:
+        s.stop()

@@ -438,3 +438,48 @@ def test_reload_changes_compression_level_in_place_and_off_reconnects(procs, tmp
         await na.close()
         await nr.close()
     run(main())
+
+
+def test_compressed_route_bomb_is_refused_with_bounded_memory(procs):
+    """A route peer cannot make the server expand a tiny S2 stream into gigabytes."""
+    from natsjs._core.s2 import S2Writer
+    a = start("natsjs", *cluster_args())
+    procs.append(a)
+    s = socket.create_connection(("127.0.0.1", a.cluster_port), timeout=TIMEOUT)
+    s.recv(65536)
+    s.sendall(b'CONNECT {"cluster":"C1","name":"NFAKE","headers":true}\r\n'
+              b'INFO {"server_id":"NFAKE","server_name":"fake","cluster":"C1",'
+              b'"compression":"s2_fast","headers":true}\r\n')
+    s.recv(65536)                       # the compressed reply INFO
+    zeros = S2Writer("fast").compress(b"\0" * (1 << 20))
+    assert len(zeros) < 1 << 12          # 1 MiB of zeros costs a few dozen bytes
+    try:
+        for _ in range(3000):            # ~3 GiB once decoded
+            s.sendall(zeros)
+    except OSError:
+        pass                             # closed on us, as it should be
+    s.close()
+    a.wait_for(re.compile(rb"maximum control line exceeded|S2"))
+    assert a.alive()
+    assert http_json(a, "/varz")["mem"] < 512 * 1024 * 1024
+
+
+def test_reload_pins_a_new_account(procs, tmp_path):
+    confs = [tmp_path / "a.conf", tmp_path / "b.conf"]
+    for c in confs:
+        c.write_text("accounts { X {} }\n")
+    a = start("natsjs", "-c", str(confs[0]), "-P", str(tmp_path / "a.pid"), *cluster_args())
+    procs.append(a)
+    b = start("natsjs", "-c", str(confs[1]), "-P", str(tmp_path / "b.pid"),
+              *cluster_args(routes=[a.cluster_port]))
+    procs.append(b)
+    wait_until(lambda: len(http_json(b, "/routez")["routes"]) == 4, "initial routes")
+    import subprocess
+    import sys
+    for c, s, pid in ((confs[0], a, "a.pid"), (confs[1], b, "b.pid")):
+        c.write_text("accounts { X {} }\ncluster { accounts: [X] }\n")
+        subprocess.run([sys.executable, "-m", "natsjs", "--signal",
+                        "reload=%s" % (tmp_path / pid)], check=True, timeout=10)
+        s.wait_for(re.compile(rb"Reloaded server configuration"))
+    wait_until(lambda: sorted(r.get("account", "") for r in http_json(b, "/routez")["routes"])
+               == ["", "", "", "$SYS", "X"], "a dedicated route for X")

@@ -762,3 +762,31 @@ def test_slow_consumer(conf_dir, which):
         for c in conns:
             c.close()
         s.stop()
+
+
+def test_pipelined_pings_without_reading_are_a_slow_consumer(tmp_path):
+    """PONGs count against max_pending like messages (nats-server queueOutbound)."""
+    conf = tmp_path / "small.conf"
+    conf.write_text("max_pending: 256KB\nmax_payload: 64KB\n")
+    s = start_natsjs("-c", str(conf))
+    try:
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        c.recv(4096)
+        c.sendall(b'CONNECT {"verbose":false}\r\n')
+        burst = b"PING\r\n" * 50000
+        try:
+            for _ in range(40):
+                c.sendall(burst)
+        except OSError:
+            pass            # closed on us: that is the point
+        s.wait_for(re.compile(rb"Slow Consumer Detected"))
+        c.close()
+        assert s.alive()
+        ok = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        ok.recv(4096)
+        ok.sendall(b"PING\r\n")
+        assert ok.recv(4096) == b"PONG\r\n"
+        ok.close()
+    finally:
+        s.stop()

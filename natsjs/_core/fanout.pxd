@@ -17,6 +17,9 @@ cdef class Conn(ProtoParser):
     cdef public object stalled         # a Conn over its stall threshold, or None
     cdef public bint is_route
     cdef public object on_trace_out    # (-V) on_trace_out(frame_line, payload)
+    # Subscribe-deny check at delivery (a wildcard subscription may cover denied
+    # subjects): deliver_filter(subject) -> bool, None when the client has no deny list.
+    cdef public object deliver_filter
     cdef public bint echo
     cdef unsigned long long rng
     cdef int deliver(self, Subscription sub, const unsigned char* msg) except -1

@@ -113,6 +113,7 @@ cdef class Conn(ProtoParser):
         self.stalled = None
         self.is_route = False
         self.on_trace_out = None
+        self.deliver_filter = None
         self.echo = True
         self.rng = <uint64_t>int.from_bytes(os.urandom(8), "little") | 1
 
@@ -140,6 +141,9 @@ cdef class Conn(ProtoParser):
             return 1
         target = <Conn>sub.client
         if target.closed or (target is self and not self.echo):
+            return 0
+        if target.deliver_filter is not None and not target.deliver_filter(
+                PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len)):
             return 0
         sub.nmsgs += 1
         target.write_msg(sub, self.pa.subject, self.pa.subject_len, self.pa.reply,
@@ -193,8 +197,16 @@ cdef class Conn(ProtoParser):
         return pcd
 
     def enqueue(self, data):
-        """Append protocol bytes (PONG, INFO, -ERR ...) to this connection's output."""
+        """Append protocol bytes (PONG, INFO, -ERR ...) to this connection's output.
+
+        These count against max_pending like messages do: a peer that pipelines
+        PINGs and never reads is a slow consumer too.
+        """
         self.out += data
+        if PyByteArray_GET_SIZE(self.out) > self.max_pending and not self.closed:
+            self.closed = True
+            if self.conn is not None:
+                self.conn.slow_consumer()
 
 
 cdef class ClientCore(Conn):

@@ -357,7 +357,9 @@ cdef class ProtoParser:
             self.pa.size = parse_size(arg + starts[c - 1], lens[c - 1])
             if self.pa.size < 0:
                 raise ProtocolError("processPub Bad or Missing Size: %r" % _snippet(arg, n))
-        if self.kind == CLIENT and self.pa.size > self.max_payload:
+        # Routes get a limit too (their own, larger one): nats-server has none there,
+        # but an unauthenticated route port must not buffer gigabytes.
+        if self.pa.size > self.max_payload:
             raise ProtocolError("maximum payload exceeded: %d vs %d"
                                 % (self.pa.size, self.max_payload), ERR_MAX_PAYLOAD)
         return 0
@@ -406,6 +408,11 @@ cdef class ProtoParser:
             PyBytes_FromStringAndSize(<const char*>self.pa.queues, self.pa.queues_len)
             if self.pa.queues != NULL else None,
         )
+
+    def release(self):
+        """Drop what a split message left buffered (the connection is closed)."""
+        self.line = bytearray()
+        self.payload = bytearray()
 
     @property
     def pending_bytes(self):
