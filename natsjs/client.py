@@ -18,7 +18,7 @@ from natsjs._core import parser as P
 from natsjs._core.fanout import ClientCore
 from natsjs._core.parser import ProtocolError
 from natsjs._core.sublist import Subscription
-from natsjs.connection import PROTOCOL_VIOLATION, Connection
+from natsjs.connection import PROTOCOL_VIOLATION, Connection, json_object
 from natsjs.auth import (AUTHENTICATION_TIMEOUT, AUTHORIZATION_VIOLATION, PermissionChecker,
                          authenticate, new_nonce)
 
@@ -195,12 +195,7 @@ class Client(Connection):
             self.queue_proto(b"+OK\r\n")
 
     def _process_connect(self, args: bytes) -> None:
-        try:
-            opts = json.loads(args)
-            if not isinstance(opts, dict):
-                raise ValueError("CONNECT arguments are not a JSON object")
-        except ValueError as exc:
-            raise ProtocolError("processConnect: %s" % exc) from None
+        opts = json_object(args, "processConnect")
         _check_connect_types(opts)
         self.connect_opts = opts
         core = self.core

@@ -16,6 +16,7 @@ callback does with CONNECT, SUB, RS+ and the like.
 """
 from __future__ import annotations
 
+import json
 import socket
 import time
 from typing import TYPE_CHECKING
@@ -52,6 +53,17 @@ MAX_CONTROL_LINE_EXCEEDED = "Maximum Control Line Exceeded"
 READ_ERROR = "Read Error"
 WRITE_ERROR = "Write Error"
 SERVER_SHUTDOWN = "Server Shutdown"
+
+
+def json_object(args: bytes, where: str) -> dict:
+    """The JSON object of a CONNECT or INFO; anything else is a protocol error."""
+    try:
+        obj = json.loads(args)
+    except ValueError as exc:
+        raise ProtocolError("%s: %s" % (where, exc)) from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("%s: arguments are not a JSON object" % where)
+    return obj
 
 
 class Connection:

@@ -20,7 +20,6 @@ Registration, pooling, gossip and interest propagation live in natsjs/cluster.py
 """
 from __future__ import annotations
 
-import json
 import random
 import socket
 from typing import TYPE_CHECKING
@@ -31,7 +30,7 @@ from natsjs._core import parser as P
 from natsjs._core.fanout import RouteCore
 from natsjs._core.parser import ProtocolError
 from natsjs._core.sublist import Subscription
-from natsjs.connection import PROTOCOL_VIOLATION, Connection
+from natsjs.connection import PROTOCOL_VIOLATION, Connection, json_object
 from natsjs.options import (COMPRESSION_ACCEPT, COMPRESSION_NOT_SUPPORTED, COMPRESSION_OFF,
                             COMPRESSION_S2_AUTO, COMPRESSION_S2_BEST, COMPRESSION_S2_BETTER,
                             COMPRESSION_S2_FAST, COMPRESSION_S2_UNCOMPRESSED)
@@ -245,12 +244,7 @@ class Route(Connection):
     def _process_connect(self, args: bytes) -> None:
         cluster = self.cluster
         copts = cluster.copts
-        try:
-            c = json.loads(args)
-            if not isinstance(c, dict):
-                raise ValueError("not an object")
-        except ValueError as exc:
-            raise ProtocolError("processRouteConnect: %s" % exc) from None
+        c = json_object(args, "processRouteConnect")
         if "lang" in c:
             self.close(PROTOCOL_VIOLATION, "attempted to connect to route port")
             return
@@ -278,12 +272,7 @@ class Route(Connection):
         self.core.connect_required = False
 
     def _process_info(self, args: bytes) -> None:
-        try:
-            info = json.loads(args)
-            if not isinstance(info, dict):
-                raise ValueError("not an object")
-        except ValueError as exc:
-            raise ProtocolError("processRouteInfo: %s" % exc) from None
+        info = json_object(args, "processRouteInfo")
         cluster = self.cluster
         server = self.server
         sid = info.get("server_id", "")
