@@ -23,6 +23,9 @@ cdef class Conn(ProtoParser):
     cdef public bint echo
     cdef unsigned long long rng
     cdef int deliver(self, Subscription sub, const unsigned char* msg) except -1
+    cdef int deliver_to_group(self, list group, const unsigned char* msg,
+                              bint to_routes) except -1
+    cdef int route_queue(self, Conn route, bytes queue) except -1
     cdef Py_ssize_t pick(self, Py_ssize_t n)
     cdef int write_msg(self, Subscription sub,
                        const unsigned char* subj, Py_ssize_t slen,

@@ -154,6 +154,35 @@ cdef class Conn(ProtoParser):
             target.conn.auto_unsubscribe(sub)
         return 1
 
+    cdef int deliver_to_group(self, list group, const unsigned char* msg,
+                              bint to_routes) except -1:
+        """One member of a queue group gets the message; 1 if one did.
+
+        The pick starts at a random member and moves on past members that cannot
+        take it.  A member on another server (a route's queue subscription, listed
+        once per member there) hands the message to that server with the queue name
+        when ``to_routes``; a message that came from a route never goes back out.
+        """
+        cdef Py_ssize_t n = len(group), start, k, j
+        cdef Subscription sub
+        start = self.pick(n)
+        for k in range(n):
+            j = start + k
+            if j >= n:
+                j -= n
+            sub = <Subscription>group[j]
+            if sub.callback is None and (<Conn>sub.client).is_route:
+                if not to_routes or (<Conn>sub.client).closed:
+                    continue
+                self.route_queue(<Conn>sub.client, sub.queue)
+                return 1
+            if self.deliver(sub, msg):
+                return 1
+        return 0
+
+    cdef int route_queue(self, Conn route, bytes queue) except -1:
+        raise NotImplementedError
+
     cdef int write_msg(self, Subscription sub,
                        const unsigned char* subj, Py_ssize_t slen,
                        const unsigned char* reply, Py_ssize_t rlen,
@@ -246,8 +275,7 @@ cdef class ClientCore(Conn):
         cdef SublistResult r
         cdef Subscription sub
         cdef list group
-        cdef Py_ssize_t delivered = 0, n, k, start, j
-        cdef bytearray q
+        cdef Py_ssize_t delivered = 0
         cdef char* p
         if self.pa.hdr >= 0 and not self.headers:
             # server/client.go processHeaderPub: ErrMsgHeadersNotSupported closes the
@@ -275,33 +303,21 @@ cdef class ClientCore(Conn):
                 continue
             delivered += self.deliver(sub, msg)
         for group in r.qsubs:
-            n = len(group)
-            start = self.pick(n)
-            for k in range(n):
-                j = start + k
-                if j >= n:
-                    j -= n
-                sub = <Subscription>group[j]
-                if sub.callback is None and (<Conn>sub.client).is_route:
-                    if (<Conn>sub.client).closed:
-                        continue
-                    # A member on another server was picked: that server delivers to
-                    # one of its members of this group (the queue name rides along).
-                    j = self.route_target(<Conn>sub.client)
-                    q = <bytearray>self.rqueues[j]
-                    if len(q):
-                        q += b" "
-                    q += sub.queue
-                    delivered += 1
-                    break
-                if self.deliver(sub, msg):
-                    delivered += 1
-                    break
+            delivered += self.deliver_to_group(group, msg, True)
         if self.rtargets:
             delivered += len(self.rtargets)
             self.send_to_routes(msg)
         if delivered == 0 and self.pa.reply != NULL and self.no_responders:
             self.no_responders_reply()
+        return 0
+
+    cdef int route_queue(self, Conn route, bytes queue) except -1:
+        """A member on another server was picked: that server delivers to one of its
+        members of the group (the queue name rides along in the RMSG)."""
+        cdef bytearray q = <bytearray>self.rqueues[self.route_target(route)]
+        if len(q):
+            q += b" "
+        q += queue
         return 0
 
     cdef Py_ssize_t route_target(self, Conn route) except -1:
@@ -413,7 +429,6 @@ cdef class RouteCore(Conn):
         cdef Subscription sub
         cdef list group
         cdef bytes acc, qnames
-        cdef Py_ssize_t n, k, j, start
         if self.pinned_account is not None:
             acc = self.pinned_account
         else:
@@ -434,19 +449,8 @@ cdef class RouteCore(Conn):
         qnames = PyBytes_FromStringAndSize(<const char*>self.pa.queues, self.pa.queues_len)
         names = qnames.split()
         for group in r.qsubs:
-            if (<Subscription>group[0]).queue not in names:
-                continue
-            n = len(group)
-            start = self.pick(n)
-            for k in range(n):
-                j = start + k
-                if j >= n:
-                    j -= n
-                sub = <Subscription>group[j]
-                if sub.callback is None and (<Conn>sub.client).is_route:
-                    continue
-                if self.deliver(sub, msg):
-                    break
+            if (<Subscription>group[0]).queue in names:
+                self.deliver_to_group(group, msg, False)
         return 0
 
     cdef int write_rmsg(self, const unsigned char* acc, Py_ssize_t alen,
