@@ -483,3 +483,31 @@ def test_reload_pins_a_new_account(procs, tmp_path):
         s.wait_for(re.compile(rb"Reloaded server configuration"))
     wait_until(lambda: sorted(r.get("account", "") for r in http_json(b, "/routez")["routes"])
                == ["", "", "", "$SYS", "X"], "a dedicated route for X")
+
+
+@pytest.mark.parametrize("kinds", [("natsjs", "reference", "natsjs"),
+                                   ("reference", "natsjs", "reference")])
+def test_every_server_routes_to_every_server_started_together(procs, kinds):
+    """The JetStream clustering docs' style: each server lists all routes (itself too)
+    and they start at once; dials cross and duplicates must resolve into one mesh."""
+    def free():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    ports = [free() for _ in kinds]
+    routes = ",".join("nats://127.0.0.1:%d" % p for p in ports)
+    from conftest import ServerProcess, natsjs_command, reference_server_binary
+    started = []
+    for kind, port in zip(kinds, ports):
+        http = free()
+        args = ["-a", "127.0.0.1", "-p", "-1", "-m", str(http), "--cluster",
+                "nats://127.0.0.1:%d" % port, "--cluster_name", "ALL", "--routes", routes]
+        cmd = (natsjs_command() if kind == "natsjs" else [reference_server_binary()]) + args
+        p = ServerProcess(cmd, args=args)
+        procs.append(p)
+        started.append(p)
+    for p in started:
+        p.start()
+    wait_mesh(started)
+    for p in started:
+        wait_until(lambda: len(http_json(p, "/routez")["routes"]) == 8, "4 routes per peer")
