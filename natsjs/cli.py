@@ -38,6 +38,10 @@ Authorization Options:
         --pass <password>            Password required for connections
         --auth <token>               Authorization token required for connections
 
+JetStream Options:
+    -js, --jetstream                 Enable JetStream functionality (not available yet: warns)
+    -sd, --store_dir <dir>           Set the storage directory
+
 Cluster Options:
         --routes <rurl-1, rurl-2>    Routes to solicit and connect
         --cluster <cluster-url>      Cluster URL for solicited routes
@@ -100,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no_advertise", "-no_advertise", dest="no_advertise", nargs="?",
                    const="true")
     p.add_argument("--connect_retries", "-connect_retries", dest="connect_retries", type=int)
+    p.add_argument("-js", "--jetstream", "-jetstream", dest="jetstream", action="store_true")
+    p.add_argument("-sd", "--store_dir", "-store_dir", dest="store_dir")
     p.add_argument("--tls", "-tls", dest="tls", action="store_true")
     p.add_argument("--tlscert", "-tlscert", dest="tlscert")
     p.add_argument("--tlskey", "-tlskey", dest="tlskey")
@@ -148,6 +154,10 @@ def options_from_args(argv: list[str], warn=None) -> tuple[ServerOptions, argpar
         if ns.auth_token:
             auth = dataclasses.replace(auth, token=ns.auth_token)
         changes["auth"] = auth
+    if ns.jetstream:
+        changes["jetstream_requested"] = True
+    if ns.store_dir:
+        changes["store_dir"] = ns.store_dir
     cluster = _cluster_from_flags(ns, opts.cluster)
     if cluster is not None:
         changes["cluster"] = cluster

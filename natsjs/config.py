@@ -40,7 +40,7 @@ def _listen(value: str) -> tuple[str, int]:
 
 
 # Keys accepted now but implemented by later issues (or needing nothing here).
-_LATER = {"jetstream", "leafnodes", "gateway", "websocket", "mqtt",
+_LATER = {"leafnodes", "gateway", "websocket", "mqtt",
           "server_tags", "http_base_path", "operator", "resolver"}
 
 
@@ -219,6 +219,16 @@ def options_from_mapping(mapping: dict, base: ServerOptions, warn=None,
             changes["cluster"] = parse_cluster(value, path)
         elif k == "tls":
             changes["tls"] = TLSConfig.from_conf(value, warn=warn)
+        elif k == "jetstream":
+            enabled = value if isinstance(value, bool) else (
+                str(value).lower() in ("enabled", "true", "on") if isinstance(value, str)
+                else True)
+            changes["jetstream_requested"] = enabled
+            if isinstance(value, dict):
+                sd = value.get_ci("store_dir") if hasattr(value, "get_ci") else \
+                    value.get("store_dir")
+                if sd:
+                    changes["store_dir"] = str(sd)
         elif k == "authorization":
             changes["auth"] = parse_authorization(value)
         elif k == "accounts":

@@ -106,6 +106,10 @@ class ServerOptions:
     system_account: str = DEFAULT_SYSTEM_ACCOUNT
     tls: TLSConfig | None = None
     cluster: ClusterOptions | None = None
+    # JetStream was asked for (``-js``/``jetstream {}``); natsjs does not have it yet
+    # and says so at start-up instead of refusing the configuration.
+    jetstream_requested: bool = False
+    store_dir: str = ""
 
     def replace(self, **changes) -> "ServerOptions":
         return dataclasses.replace(self, **changes)

@@ -107,6 +107,9 @@ class Server:
         log.info("  ID:       %s", self.server_id)
         if opts.config_file:
             log.info("Using configuration file: %s", opts.config_file)
+        if opts.jetstream_requested:
+            log.warn("JetStream was requested but natsjs does not provide it yet; "
+                     "running without it (JetStream API requests get no responders)")
         if self.shutting_down:      # a signal arrived before we got this far
             self.stopped.set()
             task_status.started(self)

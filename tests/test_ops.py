@@ -233,3 +233,20 @@ def test_jetstream_clustering_documentation_configs_load(tmp_path, text):
     assert opts.server_name == "n1-c1" and opts.port == 4222
     assert opts.cluster.name == "C1" and opts.cluster.port == 6222
     assert opts.cluster.routes == ("nats-route://host_b:6222", "nats-route://host_c:6222")
+
+
+def test_jetstream_request_is_warned_about_not_refused(tmp_path):
+    conf = write(tmp_path / "js.conf", "jetstream { store_dir: %s }\n" % (tmp_path / "js"))
+    for args in (["-js", "-sd", str(tmp_path / "js")], ["-c", conf]):
+        s = start_natsjs(*args)
+        try:
+            s.wait_for(__import__("re").compile(rb"\[WRN\] JetStream was requested"))
+
+            async def main():
+                nc = await nats.connect(s.url, allow_reconnect=False)
+                with pytest.raises(nats.errors.NoRespondersError):
+                    await nc.request("$JS.API.INFO", b"", timeout=TIMEOUT)
+                await nc.close()
+            run(main())
+        finally:
+            s.stop()
