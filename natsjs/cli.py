@@ -207,6 +207,9 @@ def _cluster_from_flags(ns, cluster):
     return dataclasses.replace(cluster or ClusterOptions(), **changes)
 
 
+# How long a graceful shutdown may take before the process exits regardless.
+SHUTDOWN_TIMEOUT = 10.0
+
 # --signal names -> the signal the running server acts on (server/signal.go).
 SIGNALS = {
     "stop": signal.SIGKILL,
@@ -343,6 +346,14 @@ async def _signals(server, argv: list[str], task_status=trio.TASK_STATUS_IGNORED
                 server.log.debug("Trapped %r signal", signal.Signals(signum).name)
                 if signum in (signal.SIGINT, signal.SIGTERM):
                     await server.graceful_shutdown()
+                    # A task that ignores cancellation must not keep the process
+                    # alive after a stop was asked for: give up after a while.
+                    with trio.move_on_after(SHUTDOWN_TIMEOUT) as cs:
+                        await server.stopped.wait()
+                    if cs.cancelled_caught:
+                        server.log.error("Shutdown did not complete in %gs, exiting",
+                                         SHUTDOWN_TIMEOUT)
+                        os._exit(1)
                     nursery.cancel_scope.cancel()
                     return
                 if signum == signal.SIGHUP:
