@@ -40,11 +40,12 @@ def natsjs_command() -> list[str]:
 class ServerProcess:
     """A server process whose stderr log is collected in the background."""
 
-    def __init__(self, argv: list[str], env=None, args: list[str] | None = None):
+    def __init__(self, argv: list[str], env=None, args: list[str] | None = None,
+                 cwd: str | None = None):
         self.argv = argv
         self.args = args if args is not None else argv[1:]
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=env)
+                                     stderr=subprocess.STDOUT, env=env, cwd=cwd)
         self.log = bytearray()
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)

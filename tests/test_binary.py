@@ -16,13 +16,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
 import pytest
 
 import natsjs
+from conftest import ServerProcess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = os.path.join(REPO, "packaging", "natsjs-server.spec")
@@ -72,56 +72,9 @@ def outside(tmp_path) -> str:
     return str(d)
 
 
-class BinaryServer:
-    """The binary started with an empty environment; its output collected by a thread."""
-
-    def __init__(self, binary: str, cwd: str, *args: str):
-        self.proc = subprocess.Popen([binary, *args], cwd=cwd, env=CLEAN_ENV,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT)
-        self.log = bytearray()
-        self._cond = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self):
-        for line in iter(self.proc.stdout.readline, b""):
-            with self._cond:
-                self.log += line
-                self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
-
-    def text(self) -> str:
-        with self._cond:
-            return self.log.decode(errors="replace")
-
-    def wait_for(self, pattern: re.Pattern, timeout: float = TIMEOUT) -> re.Match:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                m = pattern.search(self.log)
-                if m:
-                    return m
-                if not self._reader.is_alive():
-                    raise AssertionError("binary exited (%s) before %r:\n%s" % (
-                        self.proc.poll(), pattern.pattern, self.log.decode(errors="replace")))
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError("no %r within %ss:\n%s" % (
-                        pattern.pattern, timeout, self.log.decode(errors="replace")))
-                self._cond.wait(left)
-
-    def stop(self, sig=signal.SIGTERM, timeout: float = TIMEOUT) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self._reader.join(5)
+def BinaryServer(binary: str, cwd: str, *args: str) -> ServerProcess:
+    """The binary started with an empty environment, outside the repository."""
+    return ServerProcess([binary, *args], env=CLEAN_ENV, args=list(args), cwd=cwd)
 
 
 def run_binary(binary: str, cwd: str, *args: str) -> subprocess.CompletedProcess:
