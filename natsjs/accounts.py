@@ -24,6 +24,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from natsjs._core.fanout import ClientCore
 from natsjs._core.sublist import Sublist, Subscription, subject_matches
 from natsjs.auth import AuthConfigError, User, parse_users
 
@@ -57,6 +58,10 @@ class AccountConfig:
     users: tuple[User, ...] = ()
     exports: tuple[Export, ...] = ()
     imports: tuple[Import, ...] = ()
+
+
+def _no_ops(op, args):
+    raise AssertionError("a server-side publisher core parses nothing")
 
 
 def _pattern_covers(pattern: str, subject: str) -> bool:
@@ -219,6 +224,30 @@ class Account:
         # Called with (account, subs, delta) when local interest changes; the server
         # points it at the cluster.
         self.on_interest = None
+        self._publisher = None
+        self._publishing = False
+
+    def publisher(self):
+        """A core that publishes into this account for server code (Server.deliver).
+
+        One is kept and reused; a publish that happens while it is in use (an
+        internal subscriber publishing again from inside a delivery) gets its own.
+        """
+        core = self._publisher
+        if core is None or self._publishing:
+            core = ClientCore(_no_ops, None, self.sublist)
+            core.verbose = core.pedantic = False
+            core.headers = True
+            core.account_name = self.name.encode()
+            if self._publisher is None:
+                self._publisher = core
+        if core is self._publisher:
+            self._publishing = True
+        return core
+
+    def release_publisher(self, core) -> None:
+        if core is self._publisher:
+            self._publishing = False
 
     def note_interest(self, sub: Subscription, delta: int) -> int:
         key = (sub.subject, sub.queue)

@@ -355,76 +355,27 @@ class Server:
             target.conn.flush()
 
     def deliver(self, account: Account, subject: bytes, reply: bytes | None, msg: bytes,
-                hdr: int = -1, to_routes: bool = True) -> int:
+                hdr: int = -1, to_routes: bool = True) -> None:
         """Publish from server code into ``account``: imports, $SYS replies, services.
 
-        The same matching as a client's PUB, in Python since these paths are not the
-        per-message hot path; each connection written to is flushed once.
+        The message goes through the same Cython fan-out as a client's PUB, from a
+        publisher core of the account's; every connection written to is flushed once.
         """
         if self._deliver_depth >= MAX_IMPORT_HOPS:
             self.log.warn("dropping message on %r: import chain too deep", subject)
-            return 0
+            return
         self._deliver_depth += 1
         try:
-            r = account.sublist.match(subject)
-            targets = []
-            routes: dict = {}        # route core -> queue names picked on it
-            n = 0
-            for sub in r.psubs:
-                if sub.callback is None and sub.client.is_route:
-                    if to_routes and not sub.client.closed:
-                        routes.setdefault(sub.client, [])
-                    continue
-                n += self._deliver_one(sub, subject, reply, msg, hdr, targets)
-            for group in r.qsubs:
-                start = secrets.randbelow(len(group))
-                for k in range(len(group)):
-                    sub = group[(start + k) % len(group)]
-                    if sub.callback is None and sub.client.is_route:
-                        if not to_routes or sub.client.closed:
-                            continue
-                        routes.setdefault(sub.client, []).append(sub.queue)
-                        n += 1
-                        break
-                    if self._deliver_one(sub, subject, reply, msg, hdr, targets):
-                        n += 1
-                        break
-            acc_name = account.name.encode()
-            for core, queues in routes.items():
-                core.send_rmsg(acc_name, subject, reply, b" ".join(queues), hdr, msg)
-                n += 1
-                if not core.pending:
-                    core.pending = True
-                    targets.append(core)
-            for core in targets:
-                core.pending = False
-                if core.conn is not None:
-                    core.conn.flush()
-            return n
+            core = account.publisher()
+            core.to_routes = to_routes
+            try:
+                core.publish(subject, reply, hdr, msg)
+            finally:
+                core.stalled = None     # server code does not wait for slow consumers
+                account.release_publisher(core)
+                self.flush_pcd(core)
         finally:
             self._deliver_depth -= 1
-
-    @staticmethod
-    def _deliver_one(sub, subject, reply, msg, hdr, targets) -> int:
-        if sub.closed or (sub.max_msgs and sub.nmsgs >= sub.max_msgs):
-            return 0
-        if sub.callback is not None:
-            sub.nmsgs += 1
-            sub.callback(sub, subject, reply, hdr, msg)
-            return 1
-        core = sub.client
-        if core is None or core.closed:
-            return 0
-        if core.deliver_filter is not None and not core.deliver_filter(subject):
-            return 0
-        sub.nmsgs += 1
-        core.send_msg(sub, subject, reply, hdr, msg)
-        if not core.pending:
-            core.pending = True
-            targets.append(core)
-        if sub.max_msgs and sub.nmsgs >= sub.max_msgs and core.conn is not None:
-            core.conn.auto_unsubscribe(sub)
-        return 1
 
     def lookup_account(self, name: str) -> Account | None:
         return self.accounts.get(name)

@@ -116,6 +116,14 @@ INFO = b'INFO {"server_id":"test","tls_required":true,"max_payload":1048576}\r\n
 # A client connection the way client.py drives one
 
 
+async def side_by_side(server, client, timeout: float) -> None:
+    """Run a test's server and client tasks together, within ``timeout`` seconds."""
+    with trio.fail_after(timeout):
+        async with trio.open_nursery() as n:
+            n.start_soon(server)
+            n.start_soon(client)
+
+
 def listening_socket(rcvbuf=None):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -323,10 +331,7 @@ def test_echo_large_random_chunks(certs, tls_version, mode):
                 n.start_soon(reader)
             await s.aclose()
 
-        with trio.fail_after(60):
-            async with trio.open_nursery() as n:
-                n.start_soon(server)
-                n.start_soon(client)
+        await side_by_side(server, client, 60)
         lsock.close()
 
     trio.run(main)
@@ -395,10 +400,7 @@ def test_send_reports_only_bytes_on_the_wire(certs):
             checks["echo"] = await receive_exactly(s, len(payload))
             await s.aclose()
 
-        with trio.fail_after(30):
-            async with trio.open_nursery() as n:
-                n.start_soon(server)
-                n.start_soon(client)
+        await side_by_side(server, client, 30)
         lsock.close()
 
     trio.run(main)
@@ -445,10 +447,7 @@ def test_tls_data_behind_finished_is_not_lost(certs):
             done.set()
             await s.aclose()
 
-        with trio.fail_after(10):
-            async with trio.open_nursery() as n:
-                n.start_soon(server)
-                n.start_soon(client)
+        await side_by_side(server, client, 10)
         lsock.close()
 
     trio.run(main)
@@ -502,10 +501,7 @@ def test_send_wanting_read_waits_for_the_reader(certs):
             res["echo"] = await receive_exactly(s, 10)
             await s.aclose()
 
-        with trio.fail_after(10):
-            async with trio.open_nursery() as n:
-                n.start_soon(server)
-                n.start_soon(client)
+        await side_by_side(server, client, 10)
         lsock.close()
 
     trio.run(main)
@@ -551,10 +547,7 @@ def test_shutdown_write_sends_close_notify_then_reads_on(certs):
             await s.send_all(b"PUB x 3\r\nabc\r\n")
             await s.aclose()
 
-        with trio.fail_after(10):
-            async with trio.open_nursery() as n:
-                n.start_soon(server)
-                n.start_soon(client)
+        await side_by_side(server, client, 10)
         lsock.close()
 
     trio.run(main)
@@ -584,10 +577,7 @@ def test_close_sends_close_notify(certs):
             res["eof"] = await s.receive_some(100)  # ragged EOF would raise
             await s.aclose()
 
-        with trio.fail_after(10):
-            async with trio.open_nursery() as n:
-                n.start_soon(server)
-                n.start_soon(client)
+        await side_by_side(server, client, 10)
         lsock.close()
 
     trio.run(main)
@@ -630,10 +620,7 @@ def run_handshake(certs, cfg, client, *, ctx=None):
             except Exception as exc:  # noqa: BLE001 -- the test inspects it
                 res["client_error"] = exc
 
-        with trio.fail_after(20):
-            async with trio.open_nursery() as n:
-                n.start_soon(server)
-                n.start_soon(run_client)
+        await side_by_side(server, run_client, 20)
         lsock.close()
 
     trio.run(main)
@@ -891,10 +878,7 @@ def test_corrupt_record_is_oserror_and_eof_is_zero(certs):
             await stage.wait()
             await raw.aclose()
 
-        with trio.fail_after(10):
-            async with trio.open_nursery() as n:
-                n.start_soon(server)
-                n.start_soon(client)
+        await side_by_side(server, client, 10)
         lsock.close()
 
     trio.run(main)

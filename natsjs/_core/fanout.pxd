@@ -39,6 +39,7 @@ cdef class Conn(ProtoParser):
 cdef class ClientCore(Conn):
     cdef public Sublist sublist
     cdef public bytes account_name
+    cdef public bint to_routes          # False: deliver to this server's subscribers only
     cdef list rtargets                 # routes this message goes to
     cdef list rqueues                  # per route: queue names picked on that route
     cdef public bint verbose

@@ -246,6 +246,7 @@ cdef class ClientCore(Conn):
         Conn.__init__(self, on_op, conn, CLIENT, max_control_line, max_payload, max_pending)
         self.sublist = sublist
         self.account_name = b"$G"
+        self.to_routes = True
         self.rtargets = []
         self.rqueues = []
         # nats-server's defaults before CONNECT says otherwise (server/client.go).
@@ -298,18 +299,35 @@ cdef class ClientCore(Conn):
             if sub.callback is None and (<Conn>sub.client).is_route:
                 # Interest on another server: one RMSG per route, whatever the number
                 # of matching subscriptions there.
-                if not (<Conn>sub.client).closed:
+                if self.to_routes and not (<Conn>sub.client).closed:
                     self.route_target(<Conn>sub.client)
                 continue
             delivered += self.deliver(sub, msg)
         for group in r.qsubs:
-            delivered += self.deliver_to_group(group, msg, True)
+            delivered += self.deliver_to_group(group, msg, self.to_routes)
         if self.rtargets:
             delivered += len(self.rtargets)
             self.send_to_routes(msg)
         if delivered == 0 and self.pa.reply != NULL and self.no_responders:
             self.no_responders_reply()
         return 0
+
+    def publish(self, bytes subject, bytes reply, Py_ssize_t hdr, bytes msg):
+        """Fan out a message from server code (imports, $SYS replies) as if this
+        connection had published it; the caller flushes ``take_pcd()``."""
+        self.pa.subject = <const unsigned char*>PyBytes_AS_STRING(subject)
+        self.pa.subject_len = PyBytes_GET_SIZE(subject)
+        if reply is not None:
+            self.pa.reply = <const unsigned char*>PyBytes_AS_STRING(reply)
+            self.pa.reply_len = PyBytes_GET_SIZE(reply)
+        else:
+            self.pa.reply = NULL
+            self.pa.reply_len = 0
+        self.pa.account = NULL
+        self.pa.queues = NULL
+        self.pa.hdr = hdr
+        self.pa.size = PyBytes_GET_SIZE(msg)
+        self.process_msg(<const unsigned char*>PyBytes_AS_STRING(msg))
 
     cdef int route_queue(self, Conn route, bytes queue) except -1:
         """A member on another server was picked: that server delivers to one of its
