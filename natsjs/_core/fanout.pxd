@@ -22,6 +22,11 @@ cdef class Conn(ProtoParser):
     cdef public object deliver_filter
     cdef public bint echo
     cdef unsigned long long rng
+    # JetStream deliveries are matched on one subject and shown with another (the
+    # stored message's): set for the duration of one publish (publish_deliver, or a
+    # routed ``$JS.ACK...@subject`` reply).
+    cdef const unsigned char* dsubj
+    cdef Py_ssize_t dsubj_len
     cdef int deliver(self, Subscription sub, const unsigned char* msg) except -1
     cdef int deliver_to_group(self, list group, const unsigned char* msg,
                               bint to_routes) except -1
@@ -52,6 +57,7 @@ cdef class ClientCore(Conn):
     cdef bytes last_subject
     cdef SublistResult last_result
     cdef unsigned long long last_gen
+    cdef bytes route_reply             # reply + "@" + shown subject, for routes
     cdef SublistResult lookup(self, const unsigned char* subj, Py_ssize_t slen)
     cdef int no_responders_reply(self) except -1
     cdef Py_ssize_t route_target(self, Conn route) except -1
@@ -69,3 +75,4 @@ cdef class RouteCore(Conn):
                         Py_ssize_t size) except -1
     cpdef send_rmsg(self, bytes account, bytes subject, bytes reply, bytes queues,
                     Py_ssize_t hdr, bytes msg)
+    cdef int _remap_js_reply(self) except -1

@@ -38,6 +38,9 @@ class ClientCore(Conn):
     def __init__(self, on_op: Callable[[int, Any], Any], conn: Any = ...,
                  sublist: Optional[Sublist] = ..., max_control_line: int = ...,
                  max_payload: int = ..., max_pending: int = ...) -> None: ...
+    def publish(self, subject: bytes, reply: Optional[bytes], hdr: int, msg: bytes) -> None: ...
+    def publish_deliver(self, subject: bytes, shown: bytes, reply: Optional[bytes], hdr: int,
+                        msg: bytes) -> None: ...
 
 
 class RouteCore(Conn):

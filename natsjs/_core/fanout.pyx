@@ -116,6 +116,8 @@ cdef class Conn(ProtoParser):
         self.deliver_filter = None
         self.echo = True
         self.rng = <uint64_t>int.from_bytes(os.urandom(8), "little") | 1
+        self.dsubj = NULL
+        self.dsubj_len = 0
 
     cdef Py_ssize_t pick(self, Py_ssize_t n):
         """A random index below n (xorshift64: cheap, and good enough to spread load)."""
@@ -127,13 +129,17 @@ cdef class Conn(ProtoParser):
     cdef int deliver(self, Subscription sub, const unsigned char* msg) except -1:
         """One local delivery of the message in ``self.pa``; 1 if it was delivered."""
         cdef Conn target
+        cdef const unsigned char* subj = self.pa.subject
+        cdef Py_ssize_t slen = self.pa.subject_len
         if sub.closed or (sub.max_msgs > 0 and sub.nmsgs >= sub.max_msgs):
             return 0
+        if self.dsubj != NULL:
+            subj, slen = self.dsubj, self.dsubj_len
         if sub.callback is not None:
             sub.nmsgs += 1
             sub.callback(
                 sub,
-                PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len),
+                PyBytes_FromStringAndSize(<const char*>subj, slen),
                 PyBytes_FromStringAndSize(<const char*>self.pa.reply, self.pa.reply_len)
                 if self.pa.reply != NULL else None,
                 self.pa.hdr,
@@ -143,10 +149,10 @@ cdef class Conn(ProtoParser):
         if target.closed or (target is self and not self.echo):
             return 0
         if target.deliver_filter is not None and not target.deliver_filter(
-                PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len)):
+                PyBytes_FromStringAndSize(<const char*>subj, slen)):
             return 0
         sub.nmsgs += 1
-        target.write_msg(sub, self.pa.subject, self.pa.subject_len, self.pa.reply,
+        target.write_msg(sub, subj, slen, self.pa.reply,
                          self.pa.reply_len if self.pa.reply != NULL else -1,
                          msg, self.pa.hdr, self.pa.size)
         target.queued(self)
@@ -259,6 +265,7 @@ cdef class ClientCore(Conn):
         self.last_subject = None
         self.last_result = None
         self.last_gen = 0
+        self.route_reply = None
 
     cdef SublistResult lookup(self, const unsigned char* subj, Py_ssize_t slen):
         cdef bytes s = self.last_subject
@@ -329,6 +336,22 @@ cdef class ClientCore(Conn):
         self.pa.size = PyBytes_GET_SIZE(msg)
         self.process_msg(<const unsigned char*>PyBytes_AS_STRING(msg))
 
+    def publish_deliver(self, bytes subject, bytes shown, bytes reply, Py_ssize_t hdr,
+                        bytes msg):
+        """Publish on ``subject`` a message subscribers see as ``shown`` (a JetStream
+        delivery: routed by the deliver or inbox subject, shown with the stored
+        message's subject).  Routes get the reply as ``reply@shown`` so the server
+        on the other side can do the same (server/client.go processMsgResults)."""
+        self.dsubj = <const unsigned char*>PyBytes_AS_STRING(shown)
+        self.dsubj_len = PyBytes_GET_SIZE(shown)
+        if reply is not None:
+            self.route_reply = reply + b"@" + shown
+        try:
+            self.publish(subject, reply, hdr, msg)
+        finally:
+            self.dsubj = NULL
+            self.route_reply = None
+
     cdef int route_queue(self, Conn route, bytes queue) except -1:
         """A member on another server was picked: that server delivers to one of its
         members of the group (the queue name rides along in the RMSG)."""
@@ -356,12 +379,17 @@ cdef class ClientCore(Conn):
         cdef RouteCore route
         cdef bytearray q
         cdef bytes acc = self.account_name
+        cdef const unsigned char* reply = self.pa.reply
+        cdef Py_ssize_t rlen = self.pa.reply_len if self.pa.reply != NULL else -1
+        if self.route_reply is not None:
+            reply = <const unsigned char*>PyBytes_AS_STRING(self.route_reply)
+            rlen = PyBytes_GET_SIZE(self.route_reply)
         for i in range(len(self.rtargets)):
             route = <RouteCore>self.rtargets[i]
             q = <bytearray>self.rqueues[i]
             route.write_rmsg(<const unsigned char*>PyBytes_AS_STRING(acc), PyBytes_GET_SIZE(acc),
                              self.pa.subject, self.pa.subject_len,
-                             self.pa.reply, self.pa.reply_len if self.pa.reply != NULL else -1,
+                             reply, rlen,
                              <const unsigned char*>PyByteArray_AS_STRING(q),
                              PyByteArray_GET_SIZE(q), msg, self.pa.hdr, self.pa.size)
             route.queued(self)
@@ -457,18 +485,40 @@ cdef class RouteCore(Conn):
         if sl is None:
             return 0   # an account this server does not have: nobody here to deliver to
         r = sl.match(PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len))
+        self.dsubj = NULL
+        if self.pa.reply != NULL and self.pa.reply_len > 8 and \
+                memcmp(self.pa.reply, b"$JS.ACK.", 8) == 0:
+            self._remap_js_reply()
         for sub in r.psubs:
             # One hop: what came from a route goes to local subscribers only.
             if sub.callback is None and (<Conn>sub.client).is_route:
                 continue
             self.deliver(sub, msg)
         if self.pa.queues == NULL or not r.qsubs:
+            self.dsubj = NULL
             return 0
         qnames = PyBytes_FromStringAndSize(<const char*>self.pa.queues, self.pa.queues_len)
         names = qnames.split()
         for group in r.qsubs:
             if (<Subscription>group[0]).queue in names:
                 self.deliver_to_group(group, msg, False)
+        self.dsubj = NULL
+        return 0
+
+    cdef int _remap_js_reply(self) except -1:
+        """``$JS.ACK.<8 tokens>@<subject>``: a JetStream delivery from another server;
+        the part after ``@`` is the subject to show (server/client.go jsAckDeliverIdx)."""
+        cdef Py_ssize_t i, dots = 0
+        cdef const unsigned char* r = self.pa.reply
+        for i in range(self.pa.reply_len):
+            if r[i] == c'.':
+                dots += 1
+            elif r[i] == c'@' and dots >= 8:
+                if i + 1 < self.pa.reply_len:
+                    self.dsubj = r + i + 1
+                    self.dsubj_len = self.pa.reply_len - i - 1
+                    self.pa.reply_len = i
+                return 0
         return 0
 
     cdef int write_rmsg(self, const unsigned char* acc, Py_ssize_t alen,

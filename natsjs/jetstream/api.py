@@ -1,0 +1,721 @@
+"""The JetStream API: ``$JS.API.>`` requests in, JSON replies out.
+
+Requests arrive through an internal subscription on ``$JS.API.>`` in each account
+with JetStream (inside the requester's fan-out, so nothing waits there): they are
+queued, and one worker task answers them in order, which may wait for disk (creating
+a stream writes and fsyncs its metadata).  Replies are shaped like nats-server's
+(server/jetstream_api.go): ``type``, the response body, and on failure ``error``
+with ``code``, ``err_code`` and ``description``.
+
+Pull requests (``CONSUMER.MSG.NEXT``) and direct gets (``DIRECT.GET``) are not API
+calls here: the consumer and the stream subscribe to those subjects themselves, as in
+nats-server.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import trio
+
+from natsjs.jetstream import consumercfg as CC
+from natsjs.jetstream import headers as H
+from natsjs.jetstream import streamcfg as SC
+from natsjs.jetstream.consumer import Consumer, ephemeral_name
+from natsjs.jetstream.errors import ApiError
+from natsjs.jetstream.jstime import now_ns, rfc3339_nano
+from natsjs.jetstream.schema import DecodeError, Struct, decode_request
+from natsjs.jetstream.store import (FileConsumerStore, MemConsumerStore, OBS, META,
+                                    MSGS, open_message_log, write_json_atomic)
+from natsjs.jetstream.stream import Stream
+
+NAMES_LIMIT = 1024          # server/jetstream_api.go JSApiNamesLimit
+LIST_LIMIT = 256            # JSApiListLimit
+MAX_SUBJECT_DETAILS = 100_000
+
+T = "io.nats.jetstream.api.v1."
+
+STREAM_INFO_REQUEST = Struct("JSApiStreamInfoRequest", {
+    "offset": "int", "deleted_details": "bool", "subjects_filter": "string"})
+NAMES_REQUEST = Struct("JSApiStreamNamesRequest", {"offset": "int", "subject": "string"})
+PAGED_REQUEST = Struct("JSApiConsumersRequest", {"offset": "int"})
+PURGE_REQUEST = Struct("JSApiStreamPurgeRequest", {"seq": "uint64", "filter": "string",
+                                                   "keep": "uint64"})
+MSG_GET_REQUEST = Struct("JSApiMsgGetRequest", {
+    "seq": "uint64", "last_by_subj": "string", "next_by_subj": "string", "batch": "int",
+    "max_bytes": "int", "start_time": "string", "multi_last": SC.ListOf("string"),
+    "up_to_seq": "uint64", "up_to_time": "string", "no_hdr": "bool"})
+MSG_DELETE_REQUEST = Struct("JSApiMsgDeleteRequest", {"seq": "uint64", "no_erase": "bool"})
+PAUSE_REQUEST = Struct("JSApiConsumerPauseRequest", {"pause_until": "string"})
+DELETE_STREAM_REQUEST = Struct("JSApiStreamDeleteRequest", {})
+
+
+class Api:
+    def __init__(self, js):
+        self.js = js
+        self.server = js.server
+        self._queue: collections.deque = collections.deque()
+        self._wake = trio.lowlevel.ParkingLot()
+        self._subs = []
+
+    # ---- subscriptions and the worker ------------------------------------------------------
+
+    def install(self) -> None:
+        server = self.server
+        enabled = self.js.accounts
+        for name, acc in server.accounts.items():
+            if name in enabled:
+                jsa = enabled[name]
+                jsa.api_sub = self.js.subscribe(acc, b"$JS.API.>", self._make_handler(jsa))
+            elif not acc.is_system:
+                self.js.subscribe(acc, b"$JS.API.INFO", self._not_enabled)
+
+    def _make_handler(self, jsa):
+        def on_request(sub, subject, reply, hdr, msg):
+            if subject.startswith(b"$JS.API.CONSUMER.MSG.NEXT.") or \
+                    subject.startswith(b"$JS.API.DIRECT.GET."):
+                return
+            if len(self._queue) >= self.js.opts.request_queue_limit:
+                self.server.log.warn("JetStream API queue limit reached, dropping %d requests",
+                                     len(self._queue))
+                self._queue.clear()
+            if not self._queue:
+                self._wake.unpark()
+            self._queue.append((jsa, subject, reply, hdr, msg))
+        return on_request
+
+    def _not_enabled(self, sub, subject, reply, hdr, msg) -> None:
+        if reply:
+            self._send(None, reply, {"type": T + "account_info_response",
+                                     "error": ApiError.of("JSNotEnabledForAccountErr").to_dict()},
+                       account=None, acc_obj=None, raw_account=sub)
+
+    async def worker(self) -> None:
+        while True:
+            if not self._queue:
+                await self._wake.park()
+                continue
+            jsa, subject, reply, hdr, msg = self._queue.popleft()
+            body = msg[hdr:] if hdr is not None and hdr > 0 else msg
+            h = msg[:hdr] if hdr is not None and hdr > 0 else None
+            try:
+                resp = await self.dispatch(jsa, subject.decode("utf-8", "replace"), h, body)
+            except ApiError as err:
+                resp = {"type": T + "system_response", "error": err.to_dict()}
+            except Exception as exc:   # a bug answers with an error, never kills the worker
+                self.server.log.error("JetStream API error on %r: %r", subject, exc)
+                resp = {"type": T + "system_response",
+                        "error": ApiError.of("JSStreamGeneralErrorF", err=str(exc)).to_dict()}
+            if resp is None:
+                continue
+            jsa.api_total += 1
+            self.js.api_total += 1
+            if "error" in resp:
+                jsa.api_errors += 1
+                self.js.api_errors += 1
+            if reply:
+                self._send(jsa, reply, resp)
+            await trio.lowlevel.checkpoint()
+
+    def _send(self, jsa, reply: bytes, resp: dict, account=None, acc_obj=None,
+              raw_account=None) -> None:
+        data = json.dumps(resp, separators=(",", ":")).encode()
+        if jsa is not None:
+            self.server.deliver(jsa.account, reply, None, data)
+            return
+        # The not-enabled answer: find the account whose sublist holds the subscription.
+        for acc in self.server.accounts.values():
+            if raw_account is not None and any(s is raw_account for s in
+                                               acc.sublist.match(b"$JS.API.INFO").psubs):
+                self.server.deliver(acc, reply, None, data)
+                return
+
+    # ---- dispatch --------------------------------------------------------------------------
+
+    async def dispatch(self, jsa, subject: str, hdr, body: bytes) -> dict | None:
+        toks = subject.split(".")
+        if len(toks) < 3:
+            return self._bad_request()
+        op = toks[2:]
+        n = len(op)
+        if op == ["INFO"]:
+            return {"type": T + "account_info_response", **jsa.account_info()}
+        if op[0] == "STREAM" and n >= 2:
+            kind = op[1]
+            if kind == "NAMES" and n == 2:
+                return self.stream_names(jsa, body)
+            if kind == "LIST" and n == 2:
+                return self.stream_list(jsa, body)
+            if n == 3:
+                name = op[2]
+                if kind == "CREATE":
+                    return await self.stream_create(jsa, name, body, hdr)
+                if kind == "UPDATE":
+                    return await self.stream_update(jsa, name, body, hdr)
+                if kind == "INFO":
+                    return self.stream_info(jsa, name, body)
+                if kind == "DELETE":
+                    return await self.stream_delete(jsa, name, body)
+                if kind == "PURGE":
+                    return self.stream_purge(jsa, name, body)
+                if kind == "SNAPSHOT":
+                    return self._clustering_or_unsupported("stream_snapshot_response")
+                if kind == "RESTORE":
+                    return self._clustering_or_unsupported("stream_restore_response")
+            if kind == "MSG" and n == 4:
+                if op[2] == "GET":
+                    return self.msg_get(jsa, op[3], body)
+                if op[2] == "DELETE":
+                    return self.msg_delete(jsa, op[3], body)
+            if kind == "LEADER" and n == 4 and op[2] == "STEPDOWN":
+                return self._cluster_required("stream_leader_stepdown_response")
+            if kind == "PEER" and n == 4 and op[2] == "REMOVE":
+                return self._cluster_required("stream_remove_peer_response")
+        if op[0] == "CONSUMER" and n >= 3:
+            kind = op[1]
+            if kind == "CREATE":
+                if n == 3:
+                    return await self.consumer_create(jsa, op[2], None, None, body, hdr, "ephemeral")
+                filt = ".".join(op[4:]) if n > 4 else None
+                return await self.consumer_create(jsa, op[2], op[3], filt, body, hdr, "new")
+            if kind == "DURABLE" and n >= 3 and op[2] == "CREATE":
+                if n != 5:
+                    return self._err("consumer_create_response",
+                                     ApiError.of("JSConsumerDurableNameNotInSubjectErr"))
+                return await self.consumer_create(jsa, op[3], op[4], None, body, hdr, "durable")
+            if kind == "NAMES" and n == 3:
+                return self.consumer_names(jsa, op[2], body)
+            if kind == "LIST" and n == 3:
+                return self.consumer_list(jsa, op[2], body)
+            if kind == "INFO" and n == 4:
+                return self.consumer_info(jsa, op[2], op[3])
+            if kind == "DELETE" and n == 4:
+                return await self.consumer_delete(jsa, op[2], op[3])
+            if kind == "PAUSE" and n == 4:
+                return await self.consumer_pause(jsa, op[2], op[3], body)
+            if kind == "LEADER" and n == 5 and op[2] == "STEPDOWN":
+                return self._cluster_required("consumer_leader_stepdown_response")
+        return self._bad_request()
+
+    def _bad_request(self) -> dict:
+        return {"type": T + "system_response", "error": ApiError.of("JSBadRequestErr").to_dict()}
+
+    def _err(self, rtype: str, err: ApiError) -> dict:
+        return {"type": T + rtype, "error": err.to_dict()}
+
+    def _cluster_required(self, rtype: str) -> dict:
+        return self._err(rtype, ApiError.of("JSClusterRequiredErr"))
+
+    def _clustering_or_unsupported(self, rtype: str) -> dict:
+        return self._err(rtype, ApiError.of("JSStreamGeneralErrorF",
+                                            err="not supported by natsjs yet"))
+
+    @staticmethod
+    def _decode(body: bytes, schema: Struct) -> dict:
+        try:
+            return decode_request(body, schema)
+        except DecodeError as exc:
+            raise ApiError.of("JSInvalidJSONErr", err=str(exc)) from None
+
+    def _stream(self, jsa, name: str) -> Stream:
+        s = jsa.streams.get(name)
+        if s is None:
+            raise ApiError.of("JSStreamNotFoundErr")
+        return s
+
+    def _check_context(self, jsa, pedantic=False) -> SC.CheckContext:
+        def get_stream(name):
+            s = jsa.streams.get(name)
+            return s.cfg if s is not None else None
+        lim = jsa.limits
+        return SC.CheckContext(get_stream=get_stream, max_bytes_required=lim.max_bytes_required,
+                               max_stream_bytes=-1, pedantic=pedantic,
+                               server_dup_window=int(self.js.opts.limits.duplicate_window * 1e9))
+
+    # ---- streams ------------------------------------------------------------------------
+
+    async def stream_create(self, jsa, name: str, body: bytes, hdr) -> dict:
+        rtype = "stream_create_response"
+        try:
+            req = self._decode(body, SC.STREAM_CONFIG_REQUEST)
+            pedantic = bool(req.pop("pedantic", False))
+            cfg = SC.from_request(req)
+            SC.set_static_metadata(cfg)
+            if name != cfg["name"]:
+                raise ApiError.of("JSStreamMismatchErr")
+            if "\\" in name or "/" in name:
+                raise ApiError.of("JSStreamNameContainsPathSeparatorsErr")
+            if cfg["sealed"]:
+                raise ApiError.of("JSStreamInvalidConfigF",
+                                  err="stream configuration for create can not be sealed")
+            if cfg["mirror_direct"] and cfg["mirror"] is None:
+                raise ApiError.of("JSStreamInvalidConfigF",
+                                  err="stream has no mirror but does have mirror direct")
+            stream = await self.add_stream(jsa, cfg, pedantic)
+        except ApiError as err:
+            return self._err(rtype, err)
+        return {"type": T + rtype, **stream.info(), "did_create": True}
+
+    async def add_stream(self, jsa, config: dict, pedantic: bool = False) -> Stream:
+        """server/stream.go addStream for a single server."""
+        ctx = self._check_context(jsa, pedantic)
+        cfg = SC.check_stream_config(config, ctx)
+        if cfg["num_replicas"] > 1 and self.server.cluster is None:
+            raise ApiError.of("JSStreamReplicasNotSupportedErr")
+        existing = jsa.streams.get(cfg["name"])
+        if existing is not None:
+            ocfg = existing.cfg
+            md = dict(cfg.get("metadata") or {})
+            old_level = (ocfg.get("metadata") or {}).get(SC.REQ_LEVEL_KEY)
+            if old_level is not None:
+                md[SC.REQ_LEVEL_KEY] = old_level
+            cmp = dict(cfg, metadata=md or None)
+            if _same_config(cmp, ocfg):
+                return existing
+            raise ApiError.of("JSStreamNameExistErr")
+        jsa.check_new_stream(cfg)
+        for other in jsa.streams.values():
+            for a in cfg["subjects"] or []:
+                if any(SC.subjects_collide(a, b) for b in other.cfg["subjects"] or []):
+                    raise ApiError.of("JSStreamSubjectOverlapErr")
+        created = now_ns()
+        path = None
+        if cfg["storage"] == "file":
+            path = os.path.join(jsa.dir, "streams", cfg["name"])
+            try:
+                await trio.to_thread.run_sync(_create_stream_dir, path, cfg, created)
+            except OSError as exc:
+                raise ApiError.of("JSStreamCreateErrF", err=str(exc)) from None
+        store = open_message_log(os.path.join(path, MSGS) if path else None, cfg)
+        stream = Stream(jsa, cfg, created, store, path)
+        jsa.streams[cfg["name"]] = stream
+        self.js.start_stream(stream)
+        self.js.advisory("$JS.EVENT.ADVISORY.STREAM.CREATED." + cfg["name"],
+                         "io.nats.jetstream.advisory.v1.stream_action",
+                         {"stream": cfg["name"], "action": "create"}, jsa.account)
+        return stream
+
+    async def stream_update(self, jsa, name: str, body: bytes, hdr) -> dict:
+        rtype = "stream_update_response"
+        try:
+            req = self._decode(body, SC.STREAM_CONFIG_REQUEST)
+            pedantic = bool(req.pop("pedantic", False))
+            cfg = SC.from_request(req)
+            if name != cfg["name"]:
+                raise ApiError.of("JSStreamMismatchErr")
+            stream = self._stream(jsa, name)
+            md = {k: v for k, v in (cfg.get("metadata") or {}).items()
+                  if k not in (SC.VERSION_KEY, SC.LEVEL_KEY, SC.REQ_LEVEL_KEY)}
+            old_level = (stream.cfg.get("metadata") or {}).get(SC.REQ_LEVEL_KEY)
+            cfg["metadata"] = md
+            SC.set_static_metadata(cfg)
+            if old_level is not None and int(cfg["metadata"][SC.REQ_LEVEL_KEY]) < int(old_level):
+                cfg["metadata"][SC.REQ_LEVEL_KEY] = old_level
+            new = SC.check_update(stream.cfg, cfg, self._check_context(jsa, pedantic),
+                                  single_server=self.server.cluster is None)
+            if new["num_replicas"] > 1 and self.server.cluster is None:
+                raise ApiError.of("JSStreamReplicasNotSupportedErr")
+            for other in jsa.streams.values():
+                if other is stream:
+                    continue
+                for a in new["subjects"] or []:
+                    if any(SC.subjects_collide(a, b) for b in other.cfg["subjects"] or []):
+                        raise ApiError.of("JSStreamSubjectOverlapErr")
+            jsa.check_new_stream(new, existing=stream)
+            if stream.path:
+                await trio.to_thread.run_sync(
+                    write_json_atomic, os.path.join(stream.path, META),
+                    {"config": new, "created": stream.created})
+            stream.config_for_update(new)
+        except ApiError as err:
+            return self._err(rtype, err)
+        self.js.advisory("$JS.EVENT.ADVISORY.STREAM.UPDATED." + name,
+                         "io.nats.jetstream.advisory.v1.stream_action",
+                         {"stream": name, "action": "modify"}, jsa.account)
+        return {"type": T + rtype, **stream.info()}
+
+    def stream_info(self, jsa, name: str, body: bytes) -> dict:
+        rtype = "stream_info_response"
+        try:
+            req = {}
+            if body.strip()[:1] in (b"{", b"["):
+                req = self._decode(body, STREAM_INFO_REQUEST)
+            stream = self._stream(jsa, name)
+        except ApiError as err:
+            return self._err(rtype, err)
+        offset = max(req.get("offset", 0), 0)
+        filt = req.get("subjects_filter", "")
+        info = stream.info(deleted_details=req.get("deleted_details", False))
+        out = {"type": T + rtype, "total": 0, "offset": 0, "limit": 0}
+        if filt:
+            st = stream.store.subjects(filt.encode())
+            if st:
+                out["offset"] = offset
+                out["limit"] = MAX_SUBJECT_DETAILS
+                out["total"] = len(st)
+                names = sorted(st)
+                page = names[offset:offset + MAX_SUBJECT_DETAILS]
+                if page:
+                    info["state"]["subjects"] = {k.decode("utf-8", "replace"): st[k]
+                                                 for k in page}
+        out.update(info)
+        return out
+
+    async def stream_delete(self, jsa, name: str, body: bytes) -> dict:
+        rtype = "stream_delete_response"
+        if body.strip():
+            return self._err(rtype, ApiError.of("JSNotEmptyRequestErr"))
+        try:
+            stream = self._stream(jsa, name)
+        except ApiError as err:
+            return self._err(rtype, err)
+        del jsa.streams[name]
+        stream.stop(delete=False)
+        if stream.path:
+            await trio.to_thread.run_sync(_remove_tree, stream.path)
+        self.js.advisory("$JS.EVENT.ADVISORY.STREAM.DELETED." + name,
+                         "io.nats.jetstream.advisory.v1.stream_action",
+                         {"stream": name, "action": "delete"}, jsa.account)
+        return {"type": T + rtype, "success": True}
+
+    def stream_purge(self, jsa, name: str, body: bytes) -> dict:
+        rtype = "stream_purge_response"
+        try:
+            req = self._decode(body, PURGE_REQUEST) if body.strip() else {}
+            stream = self._stream(jsa, name)
+            if stream.cfg["sealed"]:
+                raise ApiError.of("JSStreamSealedErr")
+            if stream.cfg["deny_purge"]:
+                raise ApiError.of("JSStreamPurgeFailedF", err="stream purge not permitted")
+            if req.get("seq") and req.get("keep"):
+                raise ApiError.of("JSBadRequestErr")
+            n = stream.purge(req.get("filter", ""), req.get("seq", 0), req.get("keep", 0))
+        except ApiError as err:
+            return self._err(rtype, err)
+        return {"type": T + rtype, "success": True, "purged": n}
+
+    def _names_filter(self, jsa, subject: str) -> list:
+        names = sorted(jsa.streams)
+        if subject and subject != ">":
+            names = [n for n in names if any(SC.subjects_collide(subject, s)
+                                             for s in jsa.streams[n].cfg["subjects"] or [])]
+        return names
+
+    def stream_names(self, jsa, body: bytes) -> dict:
+        rtype = "stream_names_response"
+        try:
+            req = self._decode(body, NAMES_REQUEST)
+        except ApiError as err:
+            return self._err(rtype, err)
+        names = self._names_filter(jsa, req.get("subject", ""))
+        offset = max(req.get("offset", 0), 0)
+        page = names[offset:offset + NAMES_LIMIT]
+        return {"type": T + rtype, "total": len(names), "offset": offset,
+                "limit": NAMES_LIMIT, "streams": page or None}
+
+    def stream_list(self, jsa, body: bytes) -> dict:
+        rtype = "stream_list_response"
+        try:
+            req = self._decode(body, NAMES_REQUEST)
+        except ApiError as err:
+            return self._err(rtype, err)
+        names = self._names_filter(jsa, req.get("subject", ""))
+        offset = max(req.get("offset", 0), 0)
+        page = names[offset:offset + LIST_LIMIT]
+        return {"type": T + rtype, "total": len(names), "offset": offset, "limit": LIST_LIMIT,
+                "streams": [jsa.streams[n].info() for n in page]}
+
+    def msg_get(self, jsa, name: str, body: bytes) -> dict:
+        rtype = "stream_msg_get_response"
+        try:
+            req = self._decode(body, MSG_GET_REQUEST)
+            stream = self._stream(jsa, name)
+            seq, last, nxt = req.get("seq", 0), req.get("last_by_subj", ""), \
+                req.get("next_by_subj", "")
+            if (seq and last) or (last and nxt) or (not seq and not last and not nxt):
+                raise ApiError.of("JSBadRequestErr")
+            store = stream.store
+            if seq and not nxt:
+                rec = stream.load_for_read(seq)
+                rec = (seq,) + rec if rec is not None else None
+            elif nxt:
+                rec = store.load_next(seq, nxt.encode())
+            else:
+                rec = store.load_last(last.encode())
+            if rec is None or rec[0] > stream.synced_seq:
+                raise ApiError.of("JSNoMessageFoundErr")
+        except ApiError as err:
+            return self._err(rtype, err)
+        mseq, subj, mhdr, mmsg, ts = rec
+        import base64
+        m = {"subject": subj.decode("utf-8", "replace"), "seq": mseq}
+        if mhdr:
+            m["hdrs"] = base64.b64encode(mhdr).decode()
+        if mmsg:
+            m["data"] = base64.b64encode(mmsg).decode()
+        m["time"] = rfc3339_nano(ts)
+        return {"type": T + rtype, "message": m}
+
+    def msg_delete(self, jsa, name: str, body: bytes) -> dict:
+        rtype = "stream_msg_delete_response"
+        try:
+            req = self._decode(body, MSG_DELETE_REQUEST)
+            stream = self._stream(jsa, name)
+            if stream.cfg["sealed"]:
+                raise ApiError.of("JSStreamSealedErr")
+            if stream.cfg["deny_delete"]:
+                raise ApiError.of("JSStreamMsgDeleteFailedF", err="message delete not permitted")
+            seq = req.get("seq", 0)
+            if not stream.delete_msg(seq, erase=not req.get("no_erase", False)):
+                raise ApiError.of("JSSequenceNotFoundErrF", seq=seq)
+        except ApiError as err:
+            return self._err(rtype, err)
+        return {"type": T + rtype, "success": True}
+
+    # ---- consumers ----------------------------------------------------------------------
+
+    async def consumer_create(self, jsa, stream_name: str, cname, filt, body: bytes, hdr,
+                              kind: str) -> dict:
+        rtype = "consumer_create_response"
+        try:
+            req = self._decode(body, CC.CREATE_CONSUMER_REQUEST)
+            ccfg = CC.from_request(req.get("config") or {})
+            action = req.get("action", "")
+            pedantic = bool(req.get("pedantic"))
+            if kind == "ephemeral":
+                cname = ccfg["name"]
+            if stream_name != req.get("stream_name", ""):
+                raise ApiError.of("JSStreamMismatchErr")
+            if cname and ("\\" in cname or "/" in cname):
+                raise ApiError.of("JSConsumerNameContainsPathSeparatorsErr")
+            if kind == "durable":
+                if not ccfg["durable_name"]:
+                    raise ApiError.of("JSConsumerDurableNameNotSetErr")
+                if cname != ccfg["durable_name"]:
+                    raise ApiError.of("JSConsumerDurableNameNotMatchSubjectErr")
+                ccfg["name"] = cname
+            if kind == "new":
+                if ccfg["durable_name"] and cname != ccfg["durable_name"]:
+                    raise ApiError.of("JSConsumerDurableNameNotMatchSubjectErr")
+                ccfg["name"] = cname
+            if kind == "ephemeral" and ccfg["durable_name"]:
+                raise ApiError.of("JSConsumerEphemeralWithDurableNameErr")
+            if filt and ccfg["filter_subjects"]:
+                raise ApiError.of("JSConsumerMultipleFiltersNotAllowed")
+            if filt and ccfg["filter_subject"] != filt:
+                raise ApiError.of("JSConsumerCreateFilterSubjectMismatchErr")
+            if ccfg["num_replicas"] > 1 and self.server.cluster is None:
+                raise ApiError.of("JSStreamReplicasNotSupportedErr")
+            stream = self._stream(jsa, stream_name)
+            existing = stream.consumers.get(cname) if cname else None
+            if existing is not None:
+                ccfg["pause_until"] = existing.cfg["pause_until"]
+            CC.set_static_metadata(ccfg)
+            consumer = await self.add_consumer(jsa, stream, ccfg, action, pedantic)
+        except ApiError as err:
+            return self._err(rtype, err)
+        return {"type": T + rtype, **consumer.info()}
+
+    async def add_consumer(self, jsa, stream: Stream, config: dict, action: str,
+                           pedantic: bool) -> Consumer:
+        """server/consumer.go addConsumerWithAssignment for a single server."""
+        scfg = stream.cfg
+        slim = self.js.opts.limits
+        cfg = CC.set_defaults(config, scfg, slim, jsa.limits, pedantic)
+        CC.check_config(cfg, scfg, slim, jsa.limits)
+        name = cfg["durable_name"] or cfg["name"]
+        if name:
+            existing = stream.consumers.get(name)
+            if existing is not None:
+                if action == "create":
+                    ocfg = dict(existing.cfg)
+                    cmp = dict(cfg)
+                    md = dict(cmp.get("metadata") or {})
+                    if (ocfg.get("metadata") or {}).get(SC.REQ_LEVEL_KEY) is not None:
+                        md[SC.REQ_LEVEL_KEY] = ocfg["metadata"][SC.REQ_LEVEL_KEY]
+                    cmp["metadata"] = md
+                    if cmp != ocfg:
+                        raise ApiError.of("JSConsumerAlreadyExists")
+                if scfg["retention"] == "workqueue" and \
+                        not self._partition_unique(stream, name, CC.filters_of(cfg)):
+                    raise ApiError.of("JSConsumerWQConsumerNotUniqueErr")
+                CC.check_update(existing.cfg, cfg, lambda subj: bool(
+                    jsa.account.sublist.match(subj.encode()).psubs))
+                if existing.cfg != cfg:
+                    await self._save_consumer_meta(stream, existing.name, cfg, existing.created)
+                existing.update_config(cfg)
+                return existing
+        if action == "update":
+            raise ApiError.of("JSConsumerDoesNotExist")
+        maxc = scfg["max_consumers"]
+        acc_max = jsa.limits.max_consumers
+        if maxc <= 0 or (acc_max > 0 and acc_max < maxc):
+            maxc = acc_max
+        if maxc > 0 and len(stream.consumers) >= maxc:
+            raise ApiError.of("JSMaximumConsumersLimitErr")
+        if scfg["retention"] == "workqueue" and not cfg["direct"]:
+            if cfg["ack_policy"] not in ("explicit", "flow_control"):
+                raise ApiError.of("JSConsumerWQRequiresExplicitAckErr")
+            if cfg["deliver_policy"] != "all":
+                raise ApiError.of("JSConsumerWQConsumerNotDeliverAllErr")
+            if stream.consumers:
+                filters = CC.filters_of(cfg)
+                if not filters:
+                    raise ApiError.of("JSConsumerWQMultipleUnfilteredErr")
+                if not self._partition_unique(stream, name, filters):
+                    raise ApiError.of("JSConsumerWQConsumerNotUniqueErr")
+        if cfg["durable_name"] and len(cfg["durable_name"]) > SC.MAX_NAME_LEN:
+            raise ApiError.of("JSConsumerNameTooLongErrF", max=SC.MAX_NAME_LEN)
+        if not name:
+            while True:
+                name = ephemeral_name()
+                if name not in stream.consumers:
+                    break
+            cfg["name"] = name
+        if not SC.valid_asset_name(name):
+            raise ApiError.of("JSConsumerBadDurableNameErr")
+        if not cfg["durable_name"] and cfg["inactive_threshold"] == 0:
+            cfg["inactive_threshold"] = CC.DEFAULT_DELETE_WAIT
+        for f in CC.filters_of(cfg):
+            if not scfg["mirror"] and not scfg["sources"] and not any(
+                    SC.subjects_collide(f, s) for s in scfg["subjects"] or []):
+                raise ApiError.of("JSConsumerFilterNotSubsetErr")
+        created = now_ns()
+        if stream.path and not cfg["mem_storage"]:
+            await self._save_consumer_meta(stream, name, cfg, created)
+            cstore = FileConsumerStore(os.path.join(stream.path, OBS, name))
+        else:
+            cstore = MemConsumerStore()
+        consumer = Consumer(stream, cfg, name, created, cstore)
+        stream.add_consumer(consumer)
+        self.js.advisory("$JS.EVENT.ADVISORY.CONSUMER.CREATED.%s.%s" % (stream.name, name),
+                         "io.nats.jetstream.advisory.v1.consumer_action",
+                         {"stream": stream.name, "consumer": name, "action": "create"},
+                         jsa.account)
+        return consumer
+
+    async def _save_consumer_meta(self, stream, name: str, cfg: dict, created: int) -> None:
+        d = os.path.join(stream.path, OBS, name)
+        try:
+            await trio.to_thread.run_sync(_write_consumer_meta, d, cfg, created)
+        except OSError as exc:
+            raise ApiError.of("JSConsumerStoreFailedErrF", err=str(exc)) from None
+
+    @staticmethod
+    def _partition_unique(stream, name: str, filters: list) -> bool:
+        for cname, c in stream.consumers.items():
+            if cname == name:
+                continue
+            if not c.filters:
+                return False
+            for a in filters:
+                for b in c.filters:
+                    if SC.subjects_collide(a, b):
+                        return False
+        return True
+
+    def _consumer(self, jsa, stream_name: str, name: str):
+        stream = self._stream(jsa, stream_name)
+        c = stream.consumers.get(name)
+        if c is None:
+            raise ApiError.of("JSConsumerNotFoundErr")
+        return stream, c
+
+    def consumer_info(self, jsa, stream_name: str, name: str) -> dict:
+        rtype = "consumer_info_response"
+        try:
+            _, c = self._consumer(jsa, stream_name, name)
+        except ApiError as err:
+            return self._err(rtype, err)
+        return {"type": T + rtype, **c.info()}
+
+    async def consumer_delete(self, jsa, stream_name: str, name: str) -> dict:
+        rtype = "consumer_delete_response"
+        try:
+            stream, c = self._consumer(jsa, stream_name, name)
+        except ApiError as err:
+            return self._err(rtype, err)
+        await self._delete_consumer(stream, c)
+        return {"type": T + rtype, "success": True}
+
+    async def _delete_consumer(self, stream, c) -> None:
+        c.stop(delete=True)
+        if stream.path:
+            await trio.to_thread.run_sync(_remove_tree, os.path.join(stream.path, OBS, c.name))
+        self.js.advisory("$JS.EVENT.ADVISORY.CONSUMER.DELETED.%s.%s" % (stream.name, c.name),
+                         "io.nats.jetstream.advisory.v1.consumer_action",
+                         {"stream": stream.name, "consumer": c.name, "action": "delete"},
+                         stream.jsa.account)
+
+    def remove_consumer(self, stream, c) -> None:
+        """An ephemeral consumer went inactive: delete it in the background."""
+        if c.closed:
+            return
+        c.closed_pending = True
+        self.js.spawn(self._delete_consumer, stream, c)
+
+    async def consumer_pause(self, jsa, stream_name: str, name: str, body: bytes) -> dict:
+        rtype = "consumer_pause_response"
+        try:
+            req = self._decode(body, PAUSE_REQUEST)
+            stream, c = self._consumer(jsa, stream_name, name)
+        except ApiError as err:
+            return self._err(rtype, err)
+        cfg = dict(c.cfg)
+        cfg["pause_until"] = req.get("pause_until") or ""
+        CC.set_static_metadata(cfg)
+        if stream.path and not cfg["mem_storage"]:
+            await self._save_consumer_meta(stream, c.name, cfg, c.created)
+        c.update_config(cfg)
+        out = {"type": T + rtype, "paused": bool(c.paused_until and now_ns() < c.paused_until),
+               "pause_until": cfg["pause_until"] or "0001-01-01T00:00:00Z"}
+        if out["paused"]:
+            out["pause_remaining"] = c.paused_until - now_ns()
+        return out
+
+    def consumer_names(self, jsa, stream_name: str, body: bytes) -> dict:
+        rtype = "consumer_names_response"
+        try:
+            req = self._decode(body, PAGED_REQUEST)
+            stream = self._stream(jsa, stream_name)
+        except ApiError as err:
+            return self._err(rtype, err)
+        names = sorted(stream.consumers)
+        offset = max(req.get("offset", 0), 0)
+        return {"type": T + rtype, "total": len(names), "offset": offset, "limit": NAMES_LIMIT,
+                "consumers": names[offset:offset + NAMES_LIMIT]}
+
+    def consumer_list(self, jsa, stream_name: str, body: bytes) -> dict:
+        rtype = "consumer_list_response"
+        try:
+            req = self._decode(body, PAGED_REQUEST)
+            stream = self._stream(jsa, stream_name)
+        except ApiError as err:
+            return self._err(rtype, err)
+        names = sorted(stream.consumers)
+        offset = max(req.get("offset", 0), 0)
+        return {"type": T + rtype, "total": len(names), "offset": offset, "limit": LIST_LIMIT,
+                "consumers": [stream.consumers[n].info() for n in names[offset:offset + LIST_LIMIT]]}
+
+
+def _same_config(a: dict, b: dict) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _create_stream_dir(path: str, cfg: dict, created: int) -> None:
+    os.makedirs(os.path.join(path, MSGS), exist_ok=True)
+    write_json_atomic(os.path.join(path, META), {"config": cfg, "created": created})
+
+
+def _write_consumer_meta(d: str, cfg: dict, created: int) -> None:
+    os.makedirs(d, exist_ok=True)
+    write_json_atomic(os.path.join(d, META), {"config": cfg, "created": created})
+
+
+def _remove_tree(path: str) -> None:
+    import shutil
+    shutil.rmtree(path, ignore_errors=True)
+
+
+__all__ = ["Api", "H"]

@@ -1,0 +1,1007 @@
+"""A consumer: delivers a stream's stored messages and keeps track of acknowledgements.
+
+Where it sits in a message's path: the stream (natsjs/jetstream/stream.py) has stored
+and fsynced a batch and calls ``signal``; the consumer's task reads what its filters
+match from the store, up to the stream's durable sequence, and delivers each message
+(step 4 again) to its deliver subject (push) or to the reply subject of a waiting pull
+request, with the reply subject clients acknowledge to:
+
+    $JS.ACK.<stream>.<consumer>.<delivery count>.<stream seq>.<consumer seq>.<ts>.<pending>
+
+(server/consumer.go ackReply; clients parse these tokens for metadata).
+Acknowledgements come back through an internal subscription on ``$JS.ACK.<stream>.
+<consumer>.>``; they change the in-memory state at once (cheap, no waiting inside the
+publisher's fan-out) and are appended to the consumer's state log, which the task
+fsyncs in groups; a reply to an acknowledgement (AckAck) is sent only after that.
+
+Everything nats-server's clients see follows server/consumer.go: the deliver policies,
+ack policies, redelivery with ack_wait/backoff/max_deliver, max_ack_pending, the pull
+request queue and its 404/408/409 status messages, idle heartbeats and flow control.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import random
+import string
+
+import trio
+
+from natsjs.jetstream import headers as H
+from natsjs.jetstream.consumercfg import config_json, filters_of, is_durable, with_dynamic_metadata
+from natsjs.jetstream.errors import ApiError
+from natsjs.jetstream.jstime import now_ns, parse_go_duration, parse_rfc3339, rfc3339_nano
+from natsjs.jetstream.store import OP_ACK, OP_FLOOR, ConsumerState
+from natsjs.jetstream.subjects import filter_matches
+
+# Deliveries made per turn of the loop before other tasks get the event loop.
+DELIVER_BURST = 256
+# A flow-controlled push consumer stops at this many unconfirmed bytes (nats-server:
+# the client's max pending / 16, growing as the client keeps up).
+FC_START_BYTES = 1024 * 1024
+FC_MAX_BYTES = 64 * 1024 * 1024
+# How often state with nothing logged (ack none, deliveries) is written as a snapshot.
+SNAPSHOT_INTERVAL = 1.0
+
+ACK_ACK = b"+ACK"
+ACK_OK = b"+OK"
+ACK_NAK = b"-NAK"
+ACK_PROGRESS = b"+WPI"
+ACK_NEXT = b"+NXT"
+ACK_TERM = b"+TERM"
+
+_NAME_CHARS = string.ascii_letters + string.digits
+
+
+def ephemeral_name() -> str:
+    return "".join(random.choice(_NAME_CHARS) for _ in range(8))
+
+
+class PullRequest:
+    __slots__ = ("reply", "n", "b", "no_wait", "expires", "hb", "hbt", "d", "max_bytes_set")
+
+    def __init__(self, reply, n, b, no_wait, expires, hb):
+        self.reply = reply
+        self.n = n
+        self.b = b
+        self.max_bytes_set = b > 0
+        self.no_wait = no_wait
+        self.expires = expires          # trio time, 0 for none
+        self.hb = hb                    # seconds, 0 for none
+        self.hbt = trio.current_time() + hb if hb else 0.0
+        self.d = 0
+
+
+class Consumer:
+    def __init__(self, stream, cfg: dict, name: str, created: int, cstore,
+                 state: ConsumerState | None = None):
+        self.stream = stream
+        self.js = stream.js
+        self.server = stream.server
+        self.cfg = cfg
+        self.name = name
+        self.created = created
+        self.cstore = cstore
+        self.closed = False
+        self.filters = filters_of(cfg)
+        self._bfilters = [f.encode() for f in self.filters]
+        self.push = bool(cfg["deliver_subject"])
+        self.ack_none = cfg["ack_policy"] == "none"
+        self.ack_all = cfg["ack_policy"] in ("all", "flow_control")
+        if state is None:
+            state = self._initial_state()
+        self.st = state
+        self.waiting: collections.deque = collections.deque()
+        self.rdq: list[int] = []            # to redeliver, in order
+        self._rdq_set: set[int] = set()
+        self._lss: list[int] | None = None  # last-per-subject sequences still to deliver
+        self._lss_resume = 0
+        self._wake = trio.lowlevel.ParkingLot()
+        self._scope = trio.CancelScope()
+        self._subs = []
+        self.active = not self.push
+        self._ack_waiters: list = []        # replies waiting for the state to be durable
+        self._last_hb = trio.current_time()
+        self._last_activity = trio.current_time()
+        self._ldt = 0                       # last delivery time (ns) for info
+        self._pbytes = 0
+        self._fcid = None
+        self._fcsz = 0
+        self._maxpb = FC_START_BYTES
+        self._state_changed = False
+        self.paused_until = _pause_ns(cfg)
+        self._npc = None                    # num pending cache, valid through _npf
+        self._npf = 0
+        if cfg["deliver_policy"] == "last_per_subject" and state.dseq == 1:
+            self._setup_lss()
+
+    # ---- positions ------------------------------------------------------------------
+
+    def _initial_state(self) -> ConsumerState:
+        """server/consumer.go setStartingSequenceForConsumer."""
+        store = self.stream.store
+        dp = self.cfg["deliver_policy"]
+        first, last = store.first_seq, store.last_seq
+        if dp == "all":
+            seq = first
+            rec = self._load_next(first) if self.filters else None
+            if rec is not None:
+                seq = rec[0]
+        elif dp == "last":
+            seq = last
+            if self.filters:
+                recs = [store.load_last(f) for f in self._bfilters]
+                recs = [r for r in recs if r is not None]
+                seq = max(r[0] for r in recs) if recs else last + 1
+            seq = max(seq, 1)
+        elif dp == "new":
+            seq = last + 1
+        elif dp == "by_start_sequence":
+            seq = self.cfg["opt_start_seq"]
+        elif dp == "by_start_time":
+            try:
+                seq = self.stream._seq_from_time(self.cfg["opt_start_time"])
+            except ValueError:
+                seq = last + 1
+        else:   # last_per_subject: the skip list decides, then new messages
+            seq = first
+        seq = max(seq, 1)
+        return ConsumerState(seq, 1)
+
+    def _setup_lss(self) -> None:
+        store = self.stream.store
+        seqs = set()
+        for f in self._bfilters or [None]:
+            for subj in store.subjects(f):
+                rec = store.load_last(subj)
+                if rec is not None:
+                    seqs.add(rec[0])
+        self._lss = sorted(seqs)
+        self._lss_resume = store.last_seq + 1
+        if self._lss:
+            self.st.sseq = self._lss[0]
+            self.st.asflr = self.st.sseq - 1
+        else:
+            self.st.sseq = self._lss_resume
+            self.st.asflr = self.st.sseq - 1
+            self._lss = None
+
+    def wants(self, subject: str) -> bool:
+        """Does this consumer's filter take messages on ``subject``?"""
+        if not self.filters:
+            return True
+        return any(filter_matches(f, subject) for f in self.filters)
+
+    def purge_applies(self, subject: str) -> bool:
+        from natsjs.jetstream.subjects import subjects_collide
+        return not self.filters or any(subjects_collide(f, subject) for f in self.filters)
+
+    def has_acked(self, seq: int) -> bool:
+        st = self.st
+        if seq <= st.asflr:
+            return True
+        if seq in st.pending:
+            return False
+        return seq < st.sseq or seq in st.acked_ahead
+
+    def _load_next(self, seq: int):
+        store = self.stream.store
+        if not self._bfilters:
+            return store.load_next(seq)
+        if len(self._bfilters) == 1:
+            return store.load_next(seq, self._bfilters[0])
+        best = None
+        for f in self._bfilters:
+            rec = store.load_next(seq, f)
+            if rec is not None and (best is None or rec[0] < best[0]):
+                best = rec
+        return best
+
+    def num_pending(self) -> int:
+        """Messages matching the filters not yet delivered (server/consumer.go npc)."""
+        store = self.stream.store
+        last = min(self.stream.synced_seq, store.last_seq)
+        st = self.st
+        if self._lss is not None:
+            return len([s for s in self._lss if s >= st.sseq])
+        if self._npc is None or self._npf < st.sseq - 1:
+            self._npc = self._count_pending(st.sseq)
+            self._npf = max(last, st.sseq - 1)
+        elif last > self._npf:
+            self._npc += self._count_pending(self._npf + 1, last)
+            self._npf = last
+        return max(self._npc, 0)
+
+    def _count_pending(self, start: int, last: int | None = None) -> int:
+        store = self.stream.store
+        last_seq = min(self.stream.synced_seq, store.last_seq)
+        if last is None:
+            last = last_seq
+        if start > last:
+            return 0
+        if self._bfilters:
+            n = sum(store.num_pending(start, f) for f in self._bfilters)
+        else:
+            n = store.num_pending(start)
+        if last < store.last_seq:
+            if self._bfilters:
+                n -= sum(store.num_pending(last + 1, f) for f in self._bfilters)
+            else:
+                n -= store.num_pending(last + 1)
+        return max(n, 0)
+
+    def _pending_reset(self) -> None:
+        self._npc = None
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def start(self, nursery: trio.Nursery) -> None:
+        acc = self.stream.jsa.account
+        base = ("%s.%s" % (self.stream.name, self.name)).encode()
+        self._subs.append(self.js.subscribe(acc, b"$JS.ACK." + base + b".>", self._on_ack))
+        if not self.push:
+            self._subs.append(self.js.subscribe(
+                acc, b"$JS.API.CONSUMER.MSG.NEXT." + base, self._on_next))
+        else:
+            self._subs.append(self.js.subscribe(acc, b"$JS.FC." + base + b".*", self._on_fc))
+            self.check_interest()
+        nursery.start_soon(self._run)
+
+    def stop(self, delete: bool = False, from_stream: bool = False) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        acc = self.stream.jsa.account
+        for sub in self._subs:
+            self.js.unsubscribe(acc, sub)
+        self._subs = []
+        for wr in self.waiting:
+            self._status(wr.reply, 409, "Consumer Deleted")
+        self.waiting.clear()
+        self._scope.cancel()
+        if not delete:
+            try:
+                self.cstore.snapshot(self.st)
+            except OSError as exc:
+                self.server.log.error("JetStream could not save consumer '%s > %s > %s': %s",
+                                      self.stream.jsa.name, self.stream.name, self.name, exc)
+        self.cstore.close()
+        if not from_stream:
+            self.stream.consumers.pop(self.name, None)
+            if self.stream.cfg["retention"] != "limits":
+                self.js.recheck_interest(self.stream)
+
+    async def _run(self) -> None:
+        with self._scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._state_loop)
+                await self._deliver_loop()
+
+    def signal(self) -> None:
+        """The stream has new durable messages."""
+        self._wake.unpark()
+
+    def stream_changed(self) -> None:
+        """Messages went away (purge, delete, limits): counts are stale."""
+        self._pending_reset()
+        self._wake.unpark()
+
+    def purged(self, first_seq: int) -> None:
+        st = self.st
+        if st.sseq < first_seq:
+            st.sseq = first_seq
+        if st.asflr < first_seq - 1:
+            st.asflr = first_seq - 1
+        for s in [s for s in st.pending if s < first_seq]:
+            del st.pending[s]
+            st.rdc.pop(s, None)
+        self.rdq = [s for s in self.rdq if s >= first_seq]
+        self._rdq_set = set(self.rdq)
+        self._state_changed = True
+        self.stream_changed()
+
+    # ---- interest (push) ------------------------------------------------------------------
+
+    def check_interest(self) -> None:
+        if not self.push or self.closed:
+            return
+        acc = self.stream.jsa.account
+        r = acc.sublist.match(self.cfg["deliver_subject"].encode())
+        active = any(s.callback is None or s.callback is not self._on_fc for s in r.psubs) or \
+            bool(r.qsubs)
+        if active != self.active:
+            self.active = active
+            if active:
+                self._last_activity = trio.current_time()
+                self._wake.unpark()
+
+    # ---- the delivery task ------------------------------------------------------------------
+
+    async def _deliver_loop(self) -> None:
+        while True:
+            if self.closed:
+                return
+            n = self._deliver_some()
+            if n >= DELIVER_BURST:
+                await trio.lowlevel.checkpoint()
+                continue
+            timeout = self._housekeeping()
+            if timeout is None:
+                await self._wake.park()
+            else:
+                with trio.move_on_after(max(timeout, 0.0005)):
+                    await self._wake.park()
+
+    def _deliver_some(self) -> int:
+        if self.paused_until and now_ns() < self.paused_until:
+            return 0
+        if self.push:
+            if not self.active or (self.cfg["flow_control"] and self._pbytes > self._maxpb):
+                return 0
+        elif not self.waiting:
+            return 0
+        delivered = 0
+        acc = self.stream.jsa.account
+        pub = self.js.publisher(acc)
+        try:
+            while delivered < DELIVER_BURST:
+                if not self.push and not self.waiting:
+                    break
+                got = self._next_msg()
+                if got is None:
+                    break
+                seq, subj, hdr, msg, ts, dc = got
+                if not self.push:
+                    wr = self._next_waiting(seq, subj, hdr, msg)
+                    if wr is None:
+                        self._unget(seq, dc)
+                        break
+                    dsubj = wr.reply
+                else:
+                    wr = None
+                    dsubj = self.cfg["deliver_subject"].encode()
+                self._deliver(pub, dsubj, seq, subj, hdr, msg, ts, dc)
+                delivered += 1
+                if wr is not None:
+                    self._after_pull_delivery(pub, wr)
+                if self.push and self.cfg["flow_control"] and self._pbytes > self._maxpb:
+                    break
+        finally:
+            pub.done()
+        if delivered:
+            self._last_hb = trio.current_time()
+        return delivered
+
+    def _next_msg(self):
+        """server/consumer.go getNextMsg: redeliveries first, then new messages."""
+        st = self.st
+        store = self.stream.store
+        maxdc = self.cfg["max_deliver"]
+        while self.rdq:
+            seq = self.rdq.pop(0)
+            self._rdq_set.discard(seq)
+            if seq not in st.pending:
+                continue
+            dc = st.rdc.get(seq, 0) + 2
+            if maxdc > 0 and dc > maxdc:
+                continue
+            rec = store.load(seq)
+            if rec is None:
+                # Gone from the stream (limits, purge): stop tracking it.
+                self._term(seq, "Unacknowledged Message Removed")
+                continue
+            st.rdc[seq] = dc - 1
+            return (seq,) + rec + (dc,)
+        if not self.ack_none and self.cfg["max_ack_pending"] > 0 and \
+                len(st.pending) >= self.cfg["max_ack_pending"]:
+            return None
+        limit = self.stream.synced_seq
+        if self._lss is not None:
+            while self._lss:
+                seq = self._lss[0]
+                if seq > limit:
+                    return None
+                self._lss.pop(0)
+                rec = store.load(seq)
+                st.sseq = seq + 1
+                if rec is not None:
+                    if not self._lss:
+                        self._lss = None
+                        st.sseq = max(st.sseq, self._lss_resume)
+                    return (seq,) + rec + (1,)
+            self._lss = None
+            st.sseq = max(st.sseq, self._lss_resume)
+        while True:
+            if st.sseq > limit:
+                return None
+            rec = self._load_next(st.sseq)
+            if rec is None or rec[0] > limit:
+                if rec is None:
+                    st.sseq = max(st.sseq, min(limit, store.last_seq) + 1)
+                return None
+            seq = rec[0]
+            st.sseq = seq + 1
+            if seq in st.acked_ahead:
+                st.acked_ahead.discard(seq)
+                continue
+            if self._npc is not None and self._npf >= seq:
+                self._npc -= 1
+            return rec + (1,)
+
+    def _unget(self, seq: int, dc: int) -> None:
+        """A message taken for a pull request that could not go: put it back."""
+        st = self.st
+        if dc == 1 and seq == st.sseq - 1:
+            st.sseq = seq
+            if self._npc is not None and self._npf >= seq:
+                self._npc += 1
+        else:
+            st.rdc[seq] = dc - 2
+            if st.rdc[seq] <= 0:
+                st.rdc.pop(seq, None)
+            if seq not in self._rdq_set:
+                self.rdq.insert(0, seq)
+                self._rdq_set.add(seq)
+
+    def _ack_reply(self, seq: int, dseq: int, dc: int, ts: int, pending: int) -> bytes:
+        return b"$JS.ACK.%s.%s.%d.%d.%d.%d.%d" % (
+            self.stream.name.encode(), self.name.encode(), dc, seq, dseq, ts, pending)
+
+    def _deliver(self, pub, dsubj: bytes, seq: int, subj: bytes, hdr, msg: bytes, ts: int,
+                 dc: int) -> None:
+        st = self.st
+        dseq = st.dseq
+        st.dseq += 1
+        pending = self.num_pending()
+        reply = self._ack_reply(seq, dseq, dc, ts, pending)
+        if self.cfg["headers_only"]:
+            hdr = H.add(hdr, H.MSG_SIZE, b"%d" % len(msg))
+            msg = b""
+        if hdr:
+            pub(dsubj, reply, hdr + msg, len(hdr), subj)
+        else:
+            pub(dsubj, reply, msg, -1, subj)
+        self._ldt = now_ns()
+        size = len(subj) + len(reply) + len(hdr or b"") + len(msg)
+        if self.push and self.cfg["flow_control"]:
+            self._pbytes += size
+            if self._fcid is None and self._pbytes > self._maxpb // 2:
+                self._send_flow_control(pub)
+        if self.ack_none:
+            st.adflr, st.asflr = dseq, seq
+            self._state_changed = True
+            if self.stream.cfg["retention"] != "limits":
+                self.stream.check_interest_retention(seq, subj)
+        else:
+            p = st.pending.get(seq)
+            if p is None:
+                st.pending[seq] = [dseq, now_ns()]
+            else:
+                # A redelivery keeps the original delivery sequence (trackPending).
+                p[1] = now_ns()
+            self._state_changed = True
+        if dc > 1 and self.cfg["max_deliver"] > 0 and dc == self.cfg["max_deliver"]:
+            pass   # the advisory goes out when its ack wait expires without an ack
+
+    # ---- pull requests --------------------------------------------------------------------
+
+    def _on_next(self, sub, subject, reply, hdr, msg) -> None:
+        if not reply:
+            return
+        body = msg[hdr:] if hdr and hdr > 0 else msg
+        try:
+            req = _parse_next_request(body)
+        except ValueError as exc:
+            return self._status(reply, 400, "Bad Request - %s" % exc)
+        batch, expires, max_bytes, no_wait, hb = req
+        cfg = self.cfg
+        if cfg["max_batch"] > 0 and batch > cfg["max_batch"]:
+            return self._status(reply, 409, "Exceeded MaxRequestBatch of %d" % cfg["max_batch"])
+        if expires and cfg["max_expires"] > 0 and expires > cfg["max_expires"]:
+            from natsjs.jetstream.streamcfg import go_duration
+            return self._status(reply, 409, "Exceeded MaxRequestExpires of %s"
+                                % go_duration(cfg["max_expires"]))
+        if max_bytes > 0 and cfg["max_bytes"] > 0 and max_bytes > cfg["max_bytes"]:
+            return self._status(reply, 409, "Exceeded MaxRequestMaxBytes of %d" % cfg["max_bytes"])
+        self._last_activity = trio.current_time()
+        if no_wait:
+            avail = self.num_pending() + len(self.rdq)
+            if avail == 0 and not expires:
+                return self._status(reply, 404, "No Messages")
+            if avail > 0:
+                waiting_batches = sum(w.n for w in self.waiting)
+                if avail < waiting_batches:
+                    return self._status(reply, 408, "Requests Pending")
+        if len(self.waiting) >= cfg["max_waiting"]:
+            self._expire_waiting(trio.current_time())
+            if len(self.waiting) >= cfg["max_waiting"]:
+                if not hb:
+                    self._status(reply, 409, "Exceeded MaxWaiting")
+                return
+        now = trio.current_time()
+        wr = PullRequest(reply, max(batch, 1), max_bytes, no_wait,
+                         now + expires / 1e9 if expires else 0.0, hb / 1e9 if hb else 0.0)
+        self.waiting.append(wr)
+        self._wake.unpark()
+
+    def _next_waiting(self, seq, subj, hdr, msg) -> PullRequest | None:
+        """The request the next message goes to (server/consumer.go nextWaiting)."""
+        now = trio.current_time()
+        size = len(subj) + len(hdr or b"") + len(msg) + 64
+        acc = self.stream.jsa.account
+        while self.waiting:
+            wr = self.waiting[0]
+            if wr.expires and now >= wr.expires:
+                self.waiting.popleft()
+                self._status(wr.reply, 408, "Request Timeout",
+                             [(H.PENDING_MESSAGES, wr.n), (H.PENDING_BYTES, wr.b)])
+                continue
+            if wr.b > 0:
+                if size <= wr.b:
+                    wr.b -= size
+                    if wr.b == 0:
+                        wr.n = 1
+                else:
+                    self.waiting.popleft()
+                    self._status(wr.reply, 409, "Message Size Exceeds MaxBytes",
+                                 [(H.PENDING_MESSAGES, wr.n), (H.PENDING_BYTES, wr.b)])
+                    continue
+            if not acc.sublist.match(wr.reply):
+                self.waiting.popleft()
+                continue
+            return wr
+        return None
+
+    def _after_pull_delivery(self, pub, wr: PullRequest) -> None:
+        wr.n -= 1
+        wr.d += 1
+        if wr.n <= 0:
+            if self.waiting and self.waiting[0] is wr:
+                self.waiting.popleft()
+            if wr.max_bytes_set and wr.b > 0:
+                h = H.make(409, "Batch Completed", [(H.PENDING_MESSAGES, b"0"),
+                                                   (H.PENDING_BYTES, b"%d" % wr.b)])
+                pub(wr.reply, None, h, len(h))
+        elif wr.hb:
+            wr.hbt = trio.current_time() + wr.hb
+
+    def _expire_waiting(self, now: float, end_of_stream: bool = False) -> float | None:
+        """Time out pull requests; answer no_wait ones when nothing is left
+        (server/consumer.go processWaiting). The next deadline, or None."""
+        nxt = None
+        keep = collections.deque()
+        acc = self.stream.jsa.account
+        for wr in self.waiting:
+            expired = wr.expires and now >= wr.expires
+            if (end_of_stream and wr.no_wait) or expired:
+                if expired:
+                    self._status(wr.reply, 408, "Request Timeout",
+                                 [(H.PENDING_MESSAGES, wr.n), (H.PENDING_BYTES, wr.b)])
+                    continue
+                if not wr.expires or wr.d > 0:
+                    self._status(wr.reply, 404, "No Messages")
+                    continue
+            if not acc.sublist.match(wr.reply):
+                continue
+            if wr.hb:
+                if now >= wr.hbt:
+                    self._heartbeat(wr.reply)
+                    wr.hbt = now + wr.hb
+                nxt = wr.hbt if nxt is None else min(nxt, wr.hbt)
+            if wr.expires:
+                nxt = wr.expires if nxt is None else min(nxt, wr.expires)
+            keep.append(wr)
+        self.waiting = keep
+        return nxt
+
+    def _status(self, reply: bytes, code: int, text: str, pairs=()) -> None:
+        h = H.make(code, text, [(k, b"%d" % v if isinstance(v, int) else v) for k, v in pairs])
+        self.server.deliver(self.stream.jsa.account, reply, None, h, len(h))
+
+    def _heartbeat(self, subject: bytes) -> None:
+        st = self.st
+        pairs = [(H.LAST_CONSUMER, b"%d" % (st.dseq - 1)), (H.LAST_STREAM, b"%d" % (st.sseq - 1))]
+        if self._fcid is not None:
+            pairs.append((H.CONSUMER_STALLED, self._fcid))
+        self._status(subject, 100, "Idle Heartbeat", pairs)
+
+    # ---- housekeeping: timeouts, heartbeats, redeliveries, ephemerals ----------------------
+
+    def _housekeeping(self) -> float | None:
+        """Everything time-driven; seconds until something is next due (None: nothing)."""
+        now = trio.current_time()
+        due = []
+        if not self.push:
+            nxt = self._expire_waiting(now, end_of_stream=self._at_end())
+            if nxt is not None:
+                due.append(nxt - now)
+        hb = self.cfg["idle_heartbeat"]
+        if self.push and hb and self.active:
+            period = hb / 1e9
+            if now - self._last_hb >= period:
+                self._heartbeat(self.cfg["deliver_subject"].encode())
+                self._last_hb = now
+            due.append(self._last_hb + period - now)
+        if self.st.pending and self.cfg["ack_wait"] > 0:
+            nxt = self._check_pending()
+            if nxt is not None:
+                due.append(nxt)
+        t = self._inactive_deadline(now)
+        if t is not None:
+            if t <= 0:
+                self.js.delete_consumer(self.stream, self, reason="inactive")
+                return None
+            due.append(t)
+        if self.paused_until:
+            left = (self.paused_until - now_ns()) / 1e9
+            if left > 0:
+                due.append(left)
+            else:
+                self.paused_until = 0
+        return min(due) if due else None
+
+    def _at_end(self) -> bool:
+        return not self.rdq and self.num_pending() == 0
+
+    def _inactive_deadline(self, now: float) -> float | None:
+        thresh = self.cfg["inactive_threshold"]
+        if not thresh:
+            return None
+        if self.push:
+            if self.active:
+                self._last_activity = now
+                return None
+        elif self.waiting:
+            self._last_activity = now
+            return thresh / 1e9
+        return self._last_activity + thresh / 1e9 - now
+
+    def _check_pending(self) -> float | None:
+        """Messages whose ack wait ran out go to the redelivery queue
+        (server/consumer.go checkPending); seconds until the next one is due."""
+        st = self.st
+        now = now_ns()
+        cfg = self.cfg
+        backoff = cfg["backoff"] or []
+        ack_wait = cfg["ack_wait"]
+        maxdc = cfg["max_deliver"]
+        nxt = None
+        expired = []
+        for seq, p in st.pending.items():
+            dc = st.rdc.get(seq, 0)
+            deadline = ack_wait
+            if backoff:
+                deadline = backoff[min(dc, len(backoff) - 1)]
+            elapsed = now - p[1]
+            if elapsed >= deadline:
+                if seq in self._rdq_set:
+                    continue
+                if maxdc > 0 and dc + 1 >= maxdc:
+                    expired.append((seq, True))
+                    continue
+                expired.append((seq, False))
+            else:
+                left = deadline - elapsed
+                nxt = left if nxt is None else min(nxt, left)
+        if expired:
+            expired.sort()
+            for seq, exhausted in expired:
+                if exhausted:
+                    self._max_deliveries(seq)
+                    continue
+                self.rdq.append(seq)
+                self._rdq_set.add(seq)
+                st.pending[seq][1] = now
+            self._wake.unpark()
+            nxt = 0
+        return None if nxt is None else nxt / 1e9
+
+    def _max_deliveries(self, seq: int) -> None:
+        """Delivered max_deliver times without an ack: no longer pending, still counted
+        as redelivered (server/consumer.go hasMaxDeliveries)."""
+        st = self.st
+        deliveries = st.rdc.get(seq, 0) + 1
+        p = st.pending.pop(seq)
+        st.rdc[seq] = deliveries
+        self._move_ack_floor(p[0], seq)
+        self.cstore.record(OP_ACK, seq, p[0])
+        self._state_changed = True
+        self._state_wake.unpark()
+        self._wake.unpark()
+        self.js.advisory(
+            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.%s.%s" % (self.stream.name, self.name),
+            "io.nats.jetstream.advisory.v1.max_deliver",
+            {"stream": self.stream.name, "consumer": self.name, "stream_seq": seq,
+             "deliveries": deliveries}, self.stream.jsa.account)
+
+    # ---- acknowledgements -----------------------------------------------------------------
+
+    def _on_ack(self, sub, subject, reply, hdr, msg) -> None:
+        body = msg[hdr:] if hdr and hdr > 0 else msg
+        toks = subject.split(b".")
+        if len(toks) != 9 and len(toks) < 11:
+            return
+        off = 2 if len(toks) == 9 else 4
+        try:
+            dc = int(toks[off + 2])
+            sseq = int(toks[off + 3])
+            dseq = int(toks[off + 4])
+        except ValueError:
+            return
+        self._last_activity = trio.current_time()
+        reply_ok = True
+        if not body or body == ACK_ACK or body == ACK_OK:
+            reply_ok = self._ack(sseq, dseq)
+        elif body.startswith(ACK_NEXT):
+            self._ack(sseq, dseq)
+            if reply:
+                self._on_next(sub, subject, reply, -1, body[len(ACK_NEXT):].strip())
+            reply_ok = False
+        elif body.startswith(ACK_NAK):
+            self._nak(sseq, dseq, dc, body[len(ACK_NAK):].strip())
+        elif body == ACK_PROGRESS:
+            p = self.st.pending.get(sseq)
+            if p is not None:
+                p[1] = now_ns()
+        elif body.startswith(ACK_TERM):
+            reason = body[len(ACK_TERM):].strip().decode("utf-8", "replace")
+            reply_ok = self._term(sseq, reason or None, dc)
+        if reply and reply_ok:
+            if self.cstore.durable and self.cstore.dirty():
+                self._ack_waiters.append(reply)
+                self._state_wake.unpark()
+            else:
+                self.server.deliver(self.stream.jsa.account, reply, None, b"")
+
+    def _ack(self, sseq: int, dseq: int) -> bool:
+        """server/consumer.go processAckMsg; False when the ack changed nothing."""
+        st = self.st
+        if sseq >= st.sseq:
+            return False
+        if self.ack_none:
+            return False
+        if self.ack_all:
+            if dseq <= st.adflr or sseq <= st.asflr:
+                return True
+            st.adflr, st.asflr = dseq, sseq
+            acked = [s for s in st.pending if s <= sseq]
+            for s in acked:
+                del st.pending[s]
+                st.rdc.pop(s, None)
+                self._rdq_set.discard(s)
+            if acked:
+                self.rdq = [s for s in self.rdq if s > sseq]
+            self.cstore.record(OP_FLOOR, sseq, dseq)
+            if self.stream.cfg["retention"] != "limits":
+                for s in acked:
+                    self.stream.check_interest_retention(s)
+        else:
+            p = st.pending.pop(sseq, None)
+            st.rdc.pop(sseq, None)
+            if sseq in self._rdq_set:
+                self._rdq_set.discard(sseq)
+                self.rdq.remove(sseq)
+            if p is None:
+                return False
+            self._move_ack_floor(p[0], sseq)
+            self.cstore.record(OP_ACK, sseq, p[0])
+            if self.stream.cfg["retention"] != "limits":
+                self.stream.check_interest_retention(sseq)
+        self._state_changed = True
+        self._state_wake.unpark()
+        self._wake.unpark()
+        return True
+
+    def _move_ack_floor(self, dseq: int, sseq: int) -> None:
+        st = self.st
+        if not st.pending:
+            st.adflr, st.asflr = st.dseq - 1, st.sseq - 1
+        elif dseq == st.adflr + 1:
+            st.adflr, st.asflr = dseq, sseq
+            low = min(st.pending)
+            st.asflr = low - 1
+            st.adflr = st.pending[low][0] - 1
+
+    def _nak(self, sseq: int, dseq: int, dc: int, arg: bytes) -> None:
+        st = self.st
+        if dseq <= st.adflr or dseq >= st.dseq:
+            return
+        p = st.pending.get(sseq)
+        if p is None:
+            return
+        self.js.advisory(
+            "$JS.EVENT.ADVISORY.CONSUMER.MSG_NAKED.%s.%s" % (self.stream.name, self.name),
+            "io.nats.jetstream.advisory.v1.nak",
+            {"stream": self.stream.name, "consumer": self.name, "consumer_seq": dseq,
+             "stream_seq": sseq, "deliveries": dc}, self.stream.jsa.account)
+        if arg:
+            delay = None
+            try:
+                if arg.startswith(b"{"):
+                    delay = int(json.loads(arg).get("delay", 0))
+                else:
+                    delay = parse_go_duration(arg.decode())
+            except (ValueError, TypeError, AttributeError):
+                self.server.log.warn("JetStream consumer '%s > %s > %s' bad NAK delay value: %r",
+                                     self.stream.jsa.name, self.stream.name, self.name, arg)
+            if delay is not None:
+                if sseq in self._rdq_set:
+                    self._rdq_set.discard(sseq)
+                    self.rdq.remove(sseq)
+                p[1] = now_ns() - self.cfg["ack_wait"] + delay
+                self._wake.unpark()
+                return
+        if sseq not in self._rdq_set:
+            self.rdq.append(sseq)
+            self._rdq_set.add(sseq)
+        self._wake.unpark()
+
+    def _term(self, sseq: int, reason: str | None, dc: int = 1) -> bool:
+        st = self.st
+        p = st.pending.get(sseq)
+        ok = self._ack(sseq, p[0] if p else 0) if p is not None or self.ack_all else False
+        if p is not None or ok:
+            body = {"stream": self.stream.name, "consumer": self.name,
+                    "consumer_seq": p[0] if p else 0, "stream_seq": sseq, "deliveries": dc}
+            if reason:
+                body["reason"] = reason
+            self.js.advisory(
+                "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.%s.%s" % (self.stream.name,
+                                                                       self.name),
+                "io.nats.jetstream.advisory.v1.terminated", body, self.stream.jsa.account)
+        return ok
+
+    # ---- flow control (push) --------------------------------------------------------------
+
+    def _send_flow_control(self, pub) -> None:
+        fcid = ("$JS.FC.%s.%s.%s" % (self.stream.name, self.name,
+                                     "".join(random.choice(_NAME_CHARS) for _ in range(4))))
+        self._fcid = fcid.encode()
+        self._fcsz = self._pbytes
+        h = H.make(100, "FlowControl Request")
+        pub(self.cfg["deliver_subject"].encode(), self._fcid, h, len(h))
+
+    def _on_fc(self, sub, subject, reply, hdr, msg) -> None:
+        if self._fcid is None or subject != self._fcid:
+            return
+        if self._maxpb < FC_MAX_BYTES:
+            self._maxpb = min(self._maxpb * 2, FC_MAX_BYTES)
+        self._pbytes = max(self._pbytes - self._fcsz, 0)
+        self._fcid = None
+        self._fcsz = 0
+        self._wake.unpark()
+
+    # ---- durable state ---------------------------------------------------------------------
+
+    @property
+    def _state_wake(self):
+        lot = getattr(self, "_state_lot", None)
+        if lot is None:
+            lot = self._state_lot = trio.lowlevel.ParkingLot()
+        return lot
+
+    async def _state_loop(self) -> None:
+        """Group commit for acknowledgements, and periodic snapshots of the rest."""
+        cstore = self.cstore
+        while True:
+            if not cstore.dirty() and not self._ack_waiters:
+                with trio.move_on_after(SNAPSHOT_INTERVAL):
+                    await self._state_wake.park()
+                if self._state_changed and not cstore.dirty():
+                    self._state_changed = False
+                    await self._snapshot()
+                continue
+            waiters = self._ack_waiters
+            self._ack_waiters = []
+            try:
+                await cstore.sync()
+            except OSError as exc:
+                self.server.log.error("JetStream consumer '%s > %s > %s' state sync failed: %s",
+                                      self.stream.jsa.name, self.stream.name, self.name, exc)
+                continue
+            acc = self.stream.jsa.account
+            for reply in waiters:
+                self.server.deliver(acc, reply, None, b"")
+            if cstore.needs_snapshot():
+                await self._snapshot()
+
+    async def _snapshot(self) -> None:
+        if not self.cstore.durable:
+            return
+        try:
+            await trio.to_thread.run_sync(self.cstore.snapshot, _copy_state(self.st))
+        except OSError as exc:
+            self.server.log.error("JetStream consumer '%s > %s > %s' snapshot failed: %s",
+                                  self.stream.jsa.name, self.stream.name, self.name, exc)
+
+    # ---- info ---------------------------------------------------------------------------
+
+    def info(self) -> dict:
+        st = self.st
+        cfg = with_dynamic_metadata(self.cfg, self.js.version)
+        delivered = {"consumer_seq": max(st.dseq - 1, 0), "stream_seq": max(st.sseq - 1, 0)}
+        if self._ldt:
+            delivered["last_active"] = rfc3339_nano(self._ldt)
+        out = {
+            "stream_name": self.stream.name,
+            "name": self.name,
+            "created": rfc3339_nano(self.created),
+            "config": config_json(cfg),
+            "delivered": delivered,
+            "ack_floor": {"consumer_seq": st.adflr, "stream_seq": st.asflr},
+            "num_ack_pending": len(st.pending),
+            "num_redelivered": len(st.rdc) if self.cfg["max_deliver"] != 1 else 0,
+            "num_waiting": len(self.waiting),
+            "num_pending": self.num_pending(),
+            "cluster": self.js.cluster_info(),
+        }
+        if self.push and self.active:
+            out["push_bound"] = True
+        if self.paused_until and now_ns() < self.paused_until:
+            out["paused"] = True
+            out["pause_remaining"] = self.paused_until - now_ns()
+        out["ts"] = rfc3339_nano(now_ns())
+        return out
+
+    def update_config(self, cfg: dict) -> None:
+        old = self.cfg
+        self.cfg = cfg
+        self.filters = filters_of(cfg)
+        self._bfilters = [f.encode() for f in self.filters]
+        self.paused_until = _pause_ns(cfg)
+        if old["deliver_subject"] != cfg["deliver_subject"]:
+            self.active = False
+            self.check_interest()
+        self._pending_reset()
+        self._wake.unpark()
+
+    @property
+    def durable(self) -> bool:
+        return is_durable(self.cfg)
+
+
+def _copy_state(st: ConsumerState) -> ConsumerState:
+    c = ConsumerState(st.sseq, st.dseq)
+    c.asflr, c.adflr = st.asflr, st.adflr
+    c.pending = {s: list(p) for s, p in st.pending.items()}
+    c.rdc = dict(st.rdc)
+    c.acked_ahead = set(st.acked_ahead)
+    return c
+
+
+def _pause_ns(cfg: dict) -> int:
+    pu = cfg.get("pause_until")
+    if not pu:
+        return 0
+    try:
+        return parse_rfc3339(pu)
+    except ValueError:
+        return 0
+
+
+def _parse_next_request(body: bytes):
+    """server/consumer.go nextReqFromMsg: (batch, expires ns, max_bytes, no_wait, hb ns)."""
+    req = body.strip()
+    if not req:
+        return 1, 0, 0, False, 0
+    if req[:1] == b"{":
+        try:
+            d = json.loads(req)
+            if not isinstance(d, dict):
+                raise ValueError("json: cannot unmarshal into Go value")
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+        batch = int(d.get("batch") or 0)
+        expires = int(d.get("expires") or 0)
+        max_bytes = int(d.get("max_bytes") or 0)
+        no_wait = bool(d.get("no_wait"))
+        hb = int(d.get("idle_heartbeat") or 0)
+        if hb > 0 and hb * 2 > expires:
+            raise ValueError("heartbeat value too large")
+        return batch, expires, max_bytes, no_wait, hb
+    if req.isdigit():
+        return int(req), 0, 0, False, 0
+    return 1, 0, 0, False, 0
+
+
+__all__ = ["Consumer", "ephemeral_name", "ApiError"]

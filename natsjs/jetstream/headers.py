@@ -1,0 +1,120 @@
+"""NATS message headers as JetStream reads and writes them.
+
+A header block is ``NATS/1.0[ status[ description]]\\r\\n(Key: Value\\r\\n)*\\r\\n``.
+Lookups follow nats-server's getHeaderKeyIndex/sliceHeader (server/client.go): the key
+is matched case-sensitively at the start of a line and must be followed by ``:``;
+leading spaces of the value are skipped.  JetStream reads only a handful of
+headers per stored message (Nats-Msg-Id, Nats-Expected-*, Nats-Rollup, Nats-TTL), so
+plain byte searches beat building a dict.
+"""
+from __future__ import annotations
+
+HDR_LINE = b"NATS/1.0\r\n"
+CRLF = b"\r\n"
+
+# Header names (server/stream.go, server/jetstream.go).
+MSG_ID = b"Nats-Msg-Id"
+EXPECTED_STREAM = b"Nats-Expected-Stream"
+EXPECTED_LAST_SEQ = b"Nats-Expected-Last-Sequence"
+EXPECTED_LAST_SUBJ_SEQ = b"Nats-Expected-Last-Subject-Sequence"
+EXPECTED_LAST_SUBJ_SEQ_SUBJ = b"Nats-Expected-Last-Subject-Sequence-Subject"
+EXPECTED_LAST_MSG_ID = b"Nats-Expected-Last-Msg-Id"
+ROLLUP = b"Nats-Rollup"
+MSG_TTL = b"Nats-TTL"
+MARKER_REASON = b"Nats-Marker-Reason"
+STREAM = b"Nats-Stream"
+SUBJECT = b"Nats-Subject"
+SEQUENCE = b"Nats-Sequence"
+TIME_STAMP = b"Nats-Time-Stamp"
+LAST_SEQUENCE = b"Nats-Last-Sequence"
+MSG_SIZE = b"Nats-Msg-Size"
+NUM_PENDING = b"Nats-Num-Pending"
+PENDING_MESSAGES = b"Nats-Pending-Messages"
+PENDING_BYTES = b"Nats-Pending-Bytes"
+CONSUMER_STALLED = b"Nats-Consumer-Stalled"
+LAST_CONSUMER = b"Nats-Last-Consumer"
+LAST_STREAM = b"Nats-Last-Stream"
+REQUEST_INFO = b"Nats-Request-Info"
+STREAM_SOURCE = b"Nats-Stream-Source"
+UP_TO_SEQUENCE = b"Nats-UpTo-Sequence"
+
+
+def _key_index(hdr: bytes, key: bytes) -> int:
+    n = len(hdr)
+    k = len(key)
+    offset = 0
+    while True:
+        i = hdr.find(key, offset)
+        if i < 2:
+            return -1
+        if i >= n - 1 or hdr[i - 1] != 10 or hdr[i - 2] != 13:
+            offset = i + k
+            continue
+        if i + k >= n:
+            return -1
+        if hdr[i + k] != 58:        # ':'
+            offset = i + k
+            continue
+        return i
+
+
+def get(hdr: bytes | None, key: bytes) -> bytes | None:
+    """The value of ``key`` in a header block, or None."""
+    if not hdr:
+        return None
+    i = _key_index(hdr, key)
+    if i < 0:
+        return None
+    i += len(key) + 1
+    n = len(hdr)
+    while i < n and hdr[i] == 32:
+        i += 1
+    end = hdr.find(CRLF, i)
+    return hdr[i:end if end >= 0 else n]
+
+
+def remove(hdr: bytes | None, key: bytes) -> bytes | None:
+    """The block without ``key`` (every occurrence); None when nothing is left."""
+    if not hdr:
+        return hdr
+    while True:
+        i = _key_index(hdr, key)
+        if i < 0:
+            return hdr
+        end = hdr.find(CRLF, i)
+        if end < 0:
+            return hdr
+        hdr = hdr[:i] + hdr[end + 2:]
+        if len(hdr) <= len(HDR_LINE) + 2:
+            return None
+
+
+def add(hdr: bytes | None, key: bytes, value: bytes) -> bytes:
+    """Append ``Key: value`` (a new block if there is none)."""
+    base = hdr[:-2] if hdr and len(hdr) > 2 else HDR_LINE
+    return base + key + b": " + value + CRLF + CRLF
+
+
+def set(hdr: bytes | None, key: bytes, value: bytes) -> bytes:  # noqa: A001
+    return add(remove(hdr, key), key, value)
+
+
+def status(hdr: bytes | None) -> bytes | None:
+    """The status code of a header block (``NATS/1.0 408 ...``), or None."""
+    if not hdr or not hdr.startswith(b"NATS/1.0 "):
+        return None
+    line = hdr[9:hdr.find(CRLF)]
+    return line.split(b" ", 1)[0] or None
+
+
+def make(code: int = 0, description: str = "", pairs=()) -> bytes:
+    """A header block with an optional status line and ``(key, value)`` pairs."""
+    first = b"NATS/1.0"
+    if code:
+        first += b" %d" % code
+        if description:
+            first += b" " + description.encode()
+    out = [first]
+    for k, v in pairs:
+        out.append(k + b": " + (v if isinstance(v, bytes) else str(v).encode()))
+    return CRLF.join(out) + CRLF + CRLF

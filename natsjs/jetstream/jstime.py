@@ -1,0 +1,76 @@
+"""Times as JetStream puts them on the wire: Go's RFC 3339 with nanoseconds, in UTC.
+
+nats-server writes ``time.Time`` values with Go's encoder (RFC3339Nano: trailing zeros
+of the fraction dropped) and the zero time as ``0001-01-01T00:00:00Z``; clients parse
+both.  Everything inside natsjs is integer nanoseconds since the epoch.
+"""
+from __future__ import annotations
+
+import calendar
+import re
+import time
+
+ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def rfc3339_nano(ns: int) -> str:
+    """``2026-11-23T06:13:17.98997Z`` for epoch nanoseconds; 0 is Go's zero time."""
+    if ns <= 0:
+        return ZERO_TIME
+    secs, frac = divmod(ns, 1_000_000_000)
+    base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
+    if frac:
+        return base + ("." + "%09d" % frac).rstrip("0") + "Z"
+    return base + "Z"
+
+
+_RFC3339 = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+
+
+def parse_rfc3339(text: str) -> int:
+    """Epoch nanoseconds of an RFC 3339 time (ValueError if it is not one)."""
+    m = _RFC3339.match(text)
+    if m is None:
+        raise ValueError("parsing time %r as RFC 3339" % text)
+    y, mo, d, h, mi, s = (int(m.group(i)) for i in range(1, 7))
+    if y == 1 and mo == 1 and d == 1 and h == mi == s == 0:
+        return 0
+    frac = m.group(7) or ""
+    ns = int((frac[1:] + "000000000")[:9]) if frac else 0
+    secs = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0))
+    tz = m.group(8)
+    if tz not in ("Z", "z"):
+        sign = 1 if tz[0] == "+" else -1
+        secs -= sign * (int(tz[1:3]) * 3600 + int(tz[4:6]) * 60)
+    return secs * 1_000_000_000 + ns
+
+
+_UNITS = {"ns": 1, "us": 1_000, "µs": 1_000, "μs": 1_000, "ms": 1_000_000,
+          "s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000}
+_DUR_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_go_duration(text: str) -> int:
+    """Go's time.ParseDuration (``1h2m3.5s``, ``100ms``, ``-2s``) in nanoseconds."""
+    s = text.strip()
+    if not s:
+        raise ValueError("invalid duration %r" % text)
+    sign = 1
+    if s[0] in "+-":
+        sign = -1 if s[0] == "-" else 1
+        s = s[1:]
+    if s == "0":
+        return 0
+    pos, total = 0, 0.0
+    while pos < len(s):
+        m = _DUR_PART.match(s, pos)
+        if m is None:
+            raise ValueError("invalid duration %r" % text)
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    return sign * int(round(total))

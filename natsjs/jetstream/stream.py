@@ -1,0 +1,969 @@
+"""A stream: step 4 of a message's path when it lands in JetStream.
+
+Before it: a client's PUB went through the fan-out (natsjs/_core/fanout.pyx), which
+found this stream's capture subscription among the subject's matches and called
+``_capture``.  Capture does not wait: it queues the message on the stream's inbox and
+wakes the stream's ingest task.  The ingest task takes everything queued, runs each
+message through nats-server's checks (``process``: expected-* headers, duplicates,
+limits, rollups, TTLs) and appends it to the store (natsjs/_core/filelog.pyx, or the
+memory log); then one fsync covers the whole batch (group commit) and only then are
+the PubAcks sent and the consumers (natsjs/jetstream/consumer.py) told that there is
+more to deliver.  After it: consumers read the store and deliver (step 4 again, for
+their subscribers), and acknowledgements come back to them.
+
+``process`` is the stream's state machine: it takes a message and returns the reply,
+touching only the store and in-memory state.  The trio side (``_ingest_loop``) owns
+the waiting, the fsync and the sending; the JetStream clustering layer will feed the
+same ``process``/``apply`` from committed Raft entries.
+"""
+from __future__ import annotations
+
+import collections
+import errno
+import heapq
+import json
+import os
+import shutil
+
+import trio
+
+from natsjs.jetstream import headers as H
+from natsjs.jetstream.errors import ApiError
+from natsjs.jetstream.jstime import now_ns, parse_go_duration, rfc3339_nano
+from natsjs.jetstream.streamcfg import config_json, with_dynamic_metadata
+from natsjs.jetstream.subjects import filter_matches, subject_matches
+
+# A stream's inbox holds at most this much before captures are refused with an error
+# reply (bounded memory; nats-server bounds its ipQueue the same way).
+MAX_INBOX_MSGS = 100_000
+MAX_INBOX_BYTES = 128 * 1024 * 1024
+# How often limits by age and per-message TTLs are looked at when nothing is due sooner.
+EXPIRE_CHECK = 1.0
+MAX_HDR_SIZE = 65535
+
+
+def file_msg_size(subject: bytes, hdr: bytes | None, msg: bytes) -> int:
+    """server/filestore.go fileStoreMsgSize: what a message counts in ``bytes``."""
+    if not hdr:
+        return 22 + len(subject) + len(msg) + 8
+    return 22 + len(subject) + 4 + len(hdr) + len(msg) + 8
+
+
+def mem_msg_size(subject: bytes, hdr: bytes | None, msg: bytes) -> int:
+    """server/memstore.go memStoreMsgSize."""
+    return len(subject) + len(hdr or b"") + len(msg) + 16
+
+
+class StoreError(Exception):
+    """A message the store refused (limits with discard new): the text is the reply's."""
+
+
+class Stream:
+    """One stream of an account on this server (its leader, for R1: the only copy)."""
+
+    def __init__(self, jsa, cfg: dict, created: int, store, path: str | None):
+        self.jsa = jsa
+        self.js = jsa.js
+        self.server = jsa.js.server
+        self.cfg = cfg
+        self.name = cfg["name"]
+        self.created = created
+        self.store = store
+        self.path = path
+        self.consumers: dict = {}
+        self.closed = False
+        self._subs: list = []
+        self._direct_subs: list = []
+        self._inbox: list = []
+        self._inbox_bytes = 0
+        self._wake = trio.lowlevel.ParkingLot()
+        self._scope = trio.CancelScope()
+        self._expire_wake = trio.lowlevel.ParkingLot()
+        self._expire_idle = False
+        # Duplicate window: msg id -> (seq, ts), oldest first.
+        self._ddmap: dict[str, tuple[int, int]] = {}
+        self._ddq: collections.deque = collections.deque()
+        self.lmsgid = ""
+        self.lseq = store.last_seq
+        # Per-message TTLs: heap of (expires_ns, seq).
+        self._ttls: list = []
+        self.synced_seq = store.last_seq
+        self.is_file = cfg["storage"] == "file"
+        self.msg_size = file_msg_size if self.is_file else mem_msg_size
+        self.sync_always = self.js.sync_always
+        self.write_error: str | None = None
+        self._pub_ack_prefix = self._make_pub_ack_prefix()
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def _make_pub_ack_prefix(self) -> bytes:
+        domain = self.js.domain
+        if domain:
+            return b'{"stream":%s,"domain":%s,"seq":' % (
+                json.dumps(self.name).encode(), json.dumps(domain).encode())
+        return b'{"stream":%s,"seq":' % json.dumps(self.name).encode()
+
+    def start(self, nursery: trio.Nursery) -> None:
+        self._rebuild_state()
+        self._subscribe()
+        nursery.start_soon(self._run)
+
+    async def _run(self) -> None:
+        with self._scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._ingest_loop)
+                nursery.start_soon(self._expire_loop)
+                if self.is_file and not self.sync_always:
+                    nursery.start_soon(self._lazy_sync_loop)
+                for c in list(self.consumers.values()):
+                    c.start(nursery)
+                self._nursery = nursery
+                await trio.sleep_forever()
+
+    def add_consumer(self, consumer) -> None:
+        self.consumers[consumer.name] = consumer
+        nursery = getattr(self, "_nursery", None)
+        if nursery is not None:
+            consumer.start(nursery)
+
+    def _subscribe(self) -> None:
+        acc = self.jsa.account
+        if self.cfg["mirror"] is None:
+            for subj in self.cfg["subjects"] or []:
+                self._subs.append(self.js.subscribe(acc, subj.encode(), self._capture))
+        self._update_direct()
+
+    def _update_direct(self) -> None:
+        acc = self.jsa.account
+        want = self.cfg["allow_direct"]
+        if want and not self._direct_subs:
+            # A queue group, as nats-server does, so that one replica answers.
+            base = b"$JS.API.DIRECT.GET." + self.name.encode()
+            self._direct_subs = [
+                self.js.subscribe(acc, base, self._direct_get, queue=b"_sys_"),
+                self.js.subscribe(acc, base + b".>", self._direct_get_last, queue=b"_sys_")]
+        elif not want and self._direct_subs:
+            for sub in self._direct_subs:
+                self.js.unsubscribe(acc, sub)
+            self._direct_subs = []
+
+    def _unsubscribe(self) -> None:
+        acc = self.jsa.account
+        for sub in self._subs + self._direct_subs:
+            self.js.unsubscribe(acc, sub)
+        self._subs = []
+        self._direct_subs = []
+
+    def stop(self, delete: bool = False) -> None:
+        """Stop taking messages, stop the consumers, close (and with ``delete`` remove)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._unsubscribe()
+        for c in list(self.consumers.values()):
+            c.stop(delete=delete, from_stream=True)
+        for _, reply, _, _ in self._inbox:
+            if reply and not self.cfg["no_ack"]:
+                self._respond_error(reply, ApiError.of("JSStreamNotFoundErr"))
+        self._inbox = []
+        self._scope.cancel()
+        try:
+            self.store.close()
+        except OSError as exc:
+            self.server.log.error("JetStream error closing stream '%s > %s': %s",
+                                  self.jsa.name, self.name, exc)
+        if delete and self.path:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def _rebuild_state(self) -> None:
+        """After recovery: the duplicate window and TTL schedule come from the store."""
+        store = self.store
+        window = self.cfg["duplicate_window"]
+        now = now_ns()
+        has_ttl = self.cfg["allow_msg_ttl"]
+        if not (window or has_ttl) or store.msgs == 0:
+            return
+        seq = store.first_seq
+        while True:
+            rec = store.load_next(seq)
+            if rec is None:
+                break
+            seq, subject, hdr, msg, ts = rec
+            if hdr:
+                mid = H.get(hdr, H.MSG_ID)
+                if mid and window and ts > now - window:
+                    self._store_msg_id(mid.decode("utf-8", "replace"), seq, ts)
+                    self.lmsgid = mid.decode("utf-8", "replace")
+                if has_ttl:
+                    ttl = _ttl_seconds(hdr)
+                    if ttl > 0:
+                        heapq.heappush(self._ttls, (ts + ttl * 1_000_000_000, seq))
+            seq += 1
+
+    # ---- capture (inside the publisher's fan-out: no waiting here) -----------------------
+
+    def _capture(self, sub, subject, reply, hdr, msg) -> None:
+        if hdr is not None and hdr > 0:
+            h, payload = msg[:hdr], msg[hdr:]
+        else:
+            h, payload = None, msg
+        if len(self._inbox) >= MAX_INBOX_MSGS or self._inbox_bytes >= MAX_INBOX_BYTES:
+            if reply and not self.cfg["no_ack"]:
+                self._respond_error(reply, ApiError.of("JSStreamTooManyRequests"))
+            return
+        self._inbox.append((subject, reply, h, payload))
+        self._inbox_bytes += len(msg)
+        if len(self._inbox) == 1:
+            self._wake.unpark()
+
+    def enqueue(self, subject: bytes, reply: bytes | None, hdr: bytes | None,
+                msg: bytes) -> None:
+        """A message from server code (sources, republish loops excluded)."""
+        self._inbox.append((subject, reply, hdr, msg))
+        self._inbox_bytes += len(msg)
+        if len(self._inbox) == 1:
+            self._wake.unpark()
+
+    # ---- the ingest task: process a batch, fsync once, then acknowledge ------------------
+
+    async def _ingest_loop(self) -> None:
+        store = self.store
+        while True:
+            if not self._inbox:
+                await self._wake.park()
+                continue
+            batch = self._inbox
+            self._inbox = []
+            self._inbox_bytes = 0
+            before = store.last_seq
+            replies = []
+            for subject, reply, hdr, msg in batch:
+                try:
+                    out = self.process(subject, reply, hdr, msg)
+                except Exception as exc:   # a bug must cost one message, not the stream
+                    self.server.log.error("JetStream error processing message on '%s > %s': "
+                                          "%r", self.jsa.name, self.name, exc)
+                    out = self._error_reply(ApiError.of("JSStreamStoreFailedF", err=str(exc)))
+                if reply and out is not None:
+                    replies.append((reply, out))
+            # One fsync for the whole batch (a store with nothing new makes it free).
+            if not await self._sync(before):
+                err = self._error_reply(ApiError.of(
+                    "JSStreamStoreFailedF", err=self.write_error or "write failed"))
+                replies = [(r, err) for r, _ in replies]
+            self._send_replies(replies)
+            self._signal_consumers()
+            if self._expire_idle and self.cfg["max_age"] and store.msgs:
+                self._expire_idle = False
+                self._expire_wake.unpark()
+
+    async def _sync(self, before: int) -> bool:
+        """Make everything appended durable (one fsync for the batch); False on failure,
+        after which the batch's messages are gone from the store again."""
+        store = self.store
+        if not self.is_file or not self.sync_always:
+            self.synced_seq = store.last_seq
+            return True
+        try:
+            s = store.begin_sync()
+            await trio.to_thread.run_sync(s.run)
+        except OSError as exc:
+            self.write_error = os.strerror(exc.errno) if exc.errno else str(exc)
+            self.server.log.error("JetStream failed to store a msg on stream '%s > %s': %s",
+                                  self.jsa.name, self.name, exc)
+            try:
+                store.truncate(max(before, self.synced_seq))
+            except Exception as exc2:   # pragma: no cover - the store is broken
+                self.server.log.error("JetStream could not roll back stream '%s > %s': %r",
+                                      self.jsa.name, self.name, exc2)
+            self.lseq = store.last_seq
+            if exc.errno == errno.ENOSPC:
+                self.js.out_of_storage(self)
+            return False
+        store.mark_synced(s)
+        self.synced_seq = max(self.synced_seq, s.seq)
+        self.write_error = None
+        return True
+
+    async def _lazy_sync_loop(self) -> None:
+        """``sync_interval: <d>``: nats-server's behaviour, fsync in the background."""
+        while True:
+            await trio.sleep(self.js.sync_interval)
+            try:
+                s = self.store.begin_sync()
+                await trio.to_thread.run_sync(s.run)
+                self.store.mark_synced(s)
+            except OSError as exc:
+                self.server.log.error("JetStream background sync of '%s > %s' failed: %s",
+                                      self.jsa.name, self.name, exc)
+
+    def _send_replies(self, replies: list) -> None:
+        if not replies:
+            return
+        deliver = self.server.deliver
+        acc = self.jsa.account
+        for reply, out in replies:
+            deliver(acc, reply, None, out)
+
+    def _signal_consumers(self) -> None:
+        for c in self.consumers.values():
+            c.signal()
+
+    # ---- the state machine -----------------------------------------------------------------
+
+    def _error_reply(self, err: ApiError) -> bytes:
+        return json.dumps({"error": err.to_dict(), "stream": self.name, "seq": 0},
+                          separators=(",", ":")).encode()
+
+    def _respond_error(self, reply: bytes, err: ApiError) -> None:
+        self.server.deliver(self.jsa.account, reply, None, self._error_reply(err))
+
+    def process(self, subject: bytes, reply: bytes | None, hdr: bytes | None, msg: bytes,
+                ts: int = 0) -> bytes | None:
+        """Store one message if nats-server's checks allow it; the PubAck (or None)."""
+        cfg = self.cfg
+        respond = bool(reply) and not cfg["no_ack"]
+        out = self._process(subject, hdr, msg, ts)
+        if isinstance(out, ApiError):
+            return self._error_reply(out) if respond else None
+        return out if respond else None
+
+    def _process(self, subject: bytes, hdr: bytes | None, msg: bytes, ts: int):
+        cfg = self.cfg
+        store = self.store
+        if cfg["sealed"]:
+            return ApiError.of("JSStreamSealedErr")
+        if self.write_error is not None and self.is_file:
+            # Try again: space may have come back.
+            self.write_error = None
+        msg_id = ""
+        rollup = None
+        ttl = 0
+        if hdr:
+            if not hdr.startswith(b"NATS/1.0"):
+                hdr = None
+            elif len(hdr) > 12 and hdr[8:9] == b" ":
+                # A status line (a message relayed with one) is not stored.
+                hdr = H.HDR_LINE + hdr[hdr.find(H.CRLF) + 2:]
+        if hdr and b"Nats-" in hdr:
+            name = H.get(hdr, H.EXPECTED_STREAM)
+            if name and name.decode("utf-8", "replace") != self.name:
+                return ApiError.of("JSStreamNotMatchErr")
+            raw_ttl = H.get(hdr, H.MSG_TTL)
+            if raw_ttl:
+                ttl = _parse_ttl(raw_ttl)
+                if ttl is None:
+                    if not cfg["allow_msg_ttl"]:
+                        return ApiError.of("JSMessageTTLDisabledErr")
+                    return ApiError.of("JSMessageTTLInvalidErr")
+                if ttl != 0 and not cfg["allow_msg_ttl"]:
+                    return ApiError.of("JSMessageTTLDisabledErr")
+            exp = H.get(hdr, H.EXPECTED_LAST_SUBJ_SEQ)
+            if exp is not None:
+                want = _parse_uint(exp)
+                seq_subj = H.get(hdr, H.EXPECTED_LAST_SUBJ_SEQ_SUBJ) or subject
+                last = store.load_last(seq_subj)
+                have = last[0] if last is not None else 0
+                if want is None or have != want:
+                    return ApiError.of("JSStreamWrongLastSequenceErrF", seq=have)
+            elif H.get(hdr, H.EXPECTED_LAST_SUBJ_SEQ_SUBJ):
+                return ApiError.of("JSStreamExpectedLastSeqPerSubjectInvalid")
+            exp = H.get(hdr, H.EXPECTED_LAST_SEQ)
+            if exp is not None:
+                want = _parse_uint(exp)
+                if want is None or want != self.lseq:
+                    return ApiError.of("JSStreamWrongLastSequenceErrF", seq=self.lseq)
+            if H.get(hdr, H.STREAM_SOURCE) and not getattr(self, "_sourcing", False):
+                return ApiError.of("JSMessageSourceHdrNotAllowedErr")
+            mid = H.get(hdr, H.MSG_ID)
+            if mid:
+                msg_id = mid.decode("utf-8", "replace")
+                dd = self._check_msg_id(msg_id)
+                if dd is not None:
+                    return self._pub_ack_prefix + b"%d,\"duplicate\": true}" % dd
+            exp = H.get(hdr, H.EXPECTED_LAST_MSG_ID)
+            if exp is not None and exp.decode("utf-8", "replace") != self.lmsgid:
+                return ApiError.of("JSStreamWrongLastMsgIDErrF", id=self.lmsgid)
+            r = H.get(hdr, H.ROLLUP)
+            if r is not None:
+                if not (cfg["allow_rollup_hdrs"] and not cfg["deny_purge"]):
+                    return ApiError.of("JSStreamRollupFailedF", err="rollup not permitted")
+                if r == b"sub":
+                    rollup = "sub"
+                elif r == b"all":
+                    rollup = "all"
+                else:
+                    return ApiError.of("JSStreamRollupFailedF",
+                                       err="rollup value invalid: %s"
+                                       % r.decode("utf-8", "replace"))
+        max_size = cfg["max_msg_size"]
+        hlen = len(hdr) if hdr else 0
+        if max_size >= 0 and (hlen > max_size or len(msg) > max_size - hlen):
+            return ApiError.of("JSStreamMessageExceedsMaximumErr")
+        if hlen > MAX_HDR_SIZE:
+            return ApiError.of("JSStreamHeaderExceedsMaximumErr")
+        size = self.msg_size(subject, hdr, msg)
+        err = self.jsa.check_storage(self, size)
+        if err is not None:
+            return err
+        if not ts:
+            ts = now_ns()
+        if cfg["retention"] == "interest" and not self._has_interest(subject):
+            # Nobody would ever consume it: the sequence is used, nothing is kept
+            # (server/stream.go noInterest -> SkipMsg).
+            seq = store.last_seq + 1
+            store.append(subject, hdr, msg, ts, seq)
+            store.remove(seq)
+            self._stored(seq, msg_id, ts)
+            if rollup:
+                self._rollup(subject, rollup, keep=0)
+            return self._pub_ack_prefix + b"%d}" % seq
+        try:
+            self._discard_new_check(subject, hdr, msg, size)
+        except StoreError as exc:
+            return ApiError.of("JSStreamStoreFailedF", err=str(exc))
+        seq = store.append(subject, hdr, msg, ts)
+        self._stored(seq, msg_id, ts)
+        if rollup:
+            self._rollup(subject, rollup, keep=1)
+        self._enforce_limits(subject)
+        if ttl > 0:
+            heapq.heappush(self._ttls, (ts + ttl * 1_000_000_000, seq))
+            self._expire_wake.unpark()
+        rp = cfg["republish"]
+        if rp:
+            self._republish(rp, subject, hdr, msg, seq, ts)
+        return self._pub_ack_prefix + b"%d}" % seq
+
+    def _stored(self, seq: int, msg_id: str, ts: int) -> None:
+        self.lseq = seq
+        self.lmsgid = msg_id
+        if msg_id:
+            self._store_msg_id(msg_id, seq, ts)
+
+    # ---- duplicates ---------------------------------------------------------------------
+
+    def _store_msg_id(self, msg_id: str, seq: int, ts: int) -> None:
+        self._ddmap[msg_id] = (seq, ts)
+        self._ddq.append((msg_id, ts))
+
+    def _check_msg_id(self, msg_id: str) -> int | None:
+        window = self.cfg["duplicate_window"]
+        if not window:
+            return None
+        cutoff = now_ns() - window
+        q = self._ddq
+        while q and q[0][1] < cutoff:
+            old, ts = q.popleft()
+            entry = self._ddmap.get(old)
+            if entry is not None and entry[1] == ts:
+                del self._ddmap[old]
+        entry = self._ddmap.get(msg_id)
+        return entry[0] if entry is not None else None
+
+    # ---- limits ---------------------------------------------------------------------------
+
+    def _discard_new_check(self, subject, hdr, msg, size) -> None:
+        """server/filestore.go storeRawMsg: what discard new refuses."""
+        cfg = self.cfg
+        if cfg["discard"] != "new":
+            return
+        store = self.store
+        mmp = cfg["max_msgs_per_subject"]
+        at_subject_limit = False
+        first_of_subject = 0
+        if mmp > 0:
+            count, first_of_subject, _ = store.subject_state(subject)
+            if count + 1 > mmp:
+                if cfg["discard_new_per_subject"] and not (hdr and H.get(hdr, H.ROLLUP)):
+                    raise StoreError("maximum messages per subject exceeded")
+                at_subject_limit = True
+        if cfg["max_msgs"] > 0 and store.msgs >= cfg["max_msgs"] and not at_subject_limit:
+            raise StoreError("maximum messages exceeded")
+        if cfg["max_bytes"] > 0 and store.bytes + size > cfg["max_bytes"]:
+            if not at_subject_limit or self._size_of(first_of_subject) < size:
+                raise StoreError("maximum bytes exceeded")
+
+    def _size_of(self, seq: int) -> int:
+        rec = self.store.load(seq) if seq else None
+        return self.msg_size(rec[0], rec[1], rec[2]) if rec else 0
+
+    def _enforce_limits(self, subject: bytes) -> None:
+        cfg = self.cfg
+        store = self.store
+        mmp = cfg["max_msgs_per_subject"]
+        if mmp > 0:
+            count, first, _ = store.subject_state(subject)
+            while count > mmp and first:
+                self._remove_for_limits(first)
+                count, first, _ = store.subject_state(subject)
+        if cfg["discard"] == "old":
+            mm = cfg["max_msgs"]
+            if mm > 0:
+                while store.msgs > mm:
+                    self._remove_for_limits(store.first_seq)
+            mb = cfg["max_bytes"]
+            if mb > 0:
+                while store.bytes > mb and store.msgs:
+                    self._remove_for_limits(store.first_seq)
+
+    def _remove_for_limits(self, seq: int) -> None:
+        if not self.store.remove(seq):
+            rec = self.store.load_next(seq)
+            if rec is not None:
+                self.store.remove(rec[0])
+
+    def _rollup(self, subject: bytes, kind: str, keep: int) -> None:
+        if kind == "sub":
+            self.purge(subject=subject.decode("utf-8", "replace"), keep=keep)
+        else:
+            self.purge(keep=keep)
+
+    def _has_interest(self, subject: bytes) -> bool:
+        s = subject.decode("utf-8", "replace")
+        return any(c.wants(s) for c in self.consumers.values())
+
+    # ---- expiry: max_age and per-message TTLs ---------------------------------------------
+
+    async def _expire_loop(self) -> None:
+        while True:
+            delay = self._expire_now()
+            self._expire_idle = delay >= EXPIRE_CHECK * 10
+            with trio.move_on_after(delay):
+                await self._expire_wake.park()
+
+    def _expire_now(self) -> float:
+        """Remove what is too old; seconds until the next check."""
+        now = now_ns()
+        next_due = None
+        max_age = self.cfg["max_age"]
+        store = self.store
+        removed = False
+        if max_age and store.msgs:
+            n = store.expire(now - max_age)
+            removed = removed or n > 0
+            first = store.load(store.first_seq) if store.msgs else None
+            if first is not None:
+                next_due = first[3] + max_age
+        ttls = self._ttls
+        while ttls and ttls[0][0] <= now:
+            _, seq = heapq.heappop(ttls)
+            if store.remove(seq):
+                removed = True
+        if ttls:
+            next_due = ttls[0][0] if next_due is None else min(next_due, ttls[0][0])
+        if removed:
+            self.jsa.note_usage()
+            for c in self.consumers.values():
+                c.stream_changed()
+        if next_due is None:
+            return EXPIRE_CHECK * 10
+        return min(max((next_due - now) / 1e9, 0.001), EXPIRE_CHECK * 10)
+
+    # ---- republish ------------------------------------------------------------------------
+
+    def _republish(self, rp: dict, subject: bytes, hdr, msg, seq: int, ts: int) -> None:
+        src = rp.get("src") or ">"
+        s = subject.decode("utf-8", "replace")
+        if not filter_matches(src, s):
+            return
+        dest = _transform(src, rp.get("dest") or ">", s)
+        last = self.store.load_prev(seq - 1, subject)
+        pairs = [(H.STREAM, self.name.encode()), (H.SUBJECT, subject),
+                 (H.SEQUENCE, b"%d" % seq), (H.TIME_STAMP, rfc3339_nano(ts).encode()),
+                 (H.LAST_SEQUENCE, b"%d" % (last[0] if last else 0))]
+        if rp.get("headers_only"):
+            pairs.append((H.MSG_SIZE, b"%d" % len(msg)))
+            body = b""
+        else:
+            body = msg
+        new_hdr = hdr or H.HDR_LINE + H.CRLF
+        for k, v in pairs:
+            new_hdr = H.add(new_hdr, k, v)
+        out = new_hdr + body
+        self.server.deliver(self.jsa.account, dest.encode(), None, out, len(new_hdr))
+
+    # ---- operations from the API ---------------------------------------------------------
+
+    def purge(self, subject: str = "", seq: int = 0, keep: int = 0) -> int:
+        if self.cfg["sealed"]:
+            raise ApiError.of("JSStreamPurgeFailedF", err="sealed stream")
+        store = self.store
+        n = store.purge(subject.encode() if subject else None, seq, keep)
+        fseq = store.first_seq
+        if store.last_seq > self.lseq:
+            self.lseq = store.last_seq
+        for c in list(self.consumers.values()):
+            if not subject or c.purge_applies(subject):
+                c.purged(fseq if not subject else store.first_seq)
+        self.jsa.note_usage()
+        return n
+
+    def delete_msg(self, seq: int, erase: bool) -> bool:
+        ok = self.store.remove(seq, secure=erase)
+        if ok:
+            for c in self.consumers.values():
+                c.stream_changed()
+            self.jsa.note_usage()
+        return ok
+
+    def remove_acked(self, seq: int) -> None:
+        """A message every interested consumer has acknowledged (interest/workqueue)."""
+        if self.store.remove(seq):
+            self.jsa.note_usage()
+
+    def check_interest_retention(self, seq: int, subject: bytes | None = None) -> None:
+        if self.cfg["retention"] == "limits":
+            return
+        if subject is None:
+            rec = self.store.load(seq)
+            if rec is None:
+                return
+            subject = rec[0]
+        s = subject.decode("utf-8", "replace")
+        for c in self.consumers.values():
+            if c.wants(s) and not c.has_acked(seq):
+                return
+        self.remove_acked(seq)
+
+    def load_for_read(self, seq: int):
+        """A stored message readers may see (durable: up to what is synced)."""
+        if seq > self.synced_seq:
+            return None
+        return self.store.load(seq)
+
+    # ---- direct get (allow_direct) -------------------------------------------------------
+
+    def _direct_get(self, sub, subject, reply, hdr, msg) -> None:
+        if not reply:
+            return
+        body = msg[hdr:] if hdr and hdr > 0 else msg
+        if not body:
+            return self._status(reply, 408, "Empty Request")
+        try:
+            req = json.loads(body)
+            if not isinstance(req, dict):
+                raise ValueError
+        except ValueError:
+            return self._status(reply, 408, "Malformed Request")
+        seq = req.get("seq") or 0
+        last_for = req.get("last_by_subj") or ""
+        next_for = req.get("next_by_subj") or ""
+        multi = req.get("multi_last") or []
+        start_time = req.get("start_time")
+        batch = req.get("batch") or 0
+        if not seq and not last_for and not next_for and not multi and not start_time:
+            return self._status(reply, 408, "Empty Request")
+        if (seq and last_for) or (seq and start_time) or (start_time and last_for) or \
+                (last_for and next_for) or (last_for and batch) or (last_for and multi) or \
+                (next_for and multi) or (req.get("up_to_seq") and req.get("up_to_time")):
+            return self._status(reply, 408, "Bad Request")
+        self.direct_get(req, reply)
+
+    def _direct_get_last(self, sub, subject, reply, hdr, msg) -> None:
+        if not reply:
+            return
+        body = msg[hdr:] if hdr and hdr > 0 else msg
+        req = {}
+        if body:
+            try:
+                req = json.loads(body)
+                if not isinstance(req, dict):
+                    raise ValueError
+            except ValueError:
+                return self._status(reply, 408, "Malformed Request")
+        parts = subject.split(b".", 5)
+        key = parts[5] if len(parts) == 6 else b""
+        if not key:
+            return self._status(reply, 408, "Bad Request")
+        if any(req.get(k) for k in ("last_by_subj", "next_by_subj", "multi_last", "seq",
+                                    "batch", "start_time", "up_to_seq", "up_to_time")):
+            return self._status(reply, 408, "Bad Request")
+        req["last_by_subj"] = key.decode("utf-8", "replace")
+        self.direct_get(req, reply)
+
+    def _status(self, reply: bytes, code: int, text: str) -> None:
+        h = H.make(code, text)
+        self.server.deliver(self.jsa.account, reply, None, h, len(h))
+
+    def direct_get(self, req: dict, reply: bytes) -> None:
+        """server/stream.go getDirectRequest (and getDirectMulti for multi_last)."""
+        store = self.store
+        if req.get("multi_last"):
+            return self._direct_multi(req, reply)
+        seq = req.get("seq") or 0
+        if req.get("start_time"):
+            seq = self._seq_from_time(req["start_time"])
+        next_for = (req.get("next_by_subj") or "").encode()
+        last_for = (req.get("last_by_subj") or "").encode()
+        batch = req.get("batch") or 0
+        is_batch = batch > 0
+        batch = batch or 1
+        np = 0
+        if is_batch:
+            np = store.num_pending(seq, next_for or None)
+        mb = req.get("max_bytes") or self.server.opts.max_pending
+        sent_bytes = 0
+        lseq = 0
+        deliver = self.server.deliver
+        acc = self.jsa.account
+        for i in range(batch):
+            if seq > 0 and not next_for:
+                if i == 0 and not is_batch:
+                    rec = self.load_for_read(seq)
+                    rec = (seq,) + rec if rec is not None else None
+                else:
+                    rec = store.load_next(seq)
+            elif next_for:
+                rec = store.load_next(seq, next_for)
+            else:
+                rec = store.load_last(last_for)
+            if rec is not None and rec[0] > self.synced_seq:
+                rec = None
+            if rec is None:
+                if batch > 1 and i > 0:
+                    break
+                return self._status(reply, 404, "Message Not Found")
+            mseq, subj, mhdr, mmsg, ts = rec
+            seq = mseq + 1
+            if req.get("no_hdr"):
+                out_hdr = None
+            else:
+                pairs = [(H.STREAM, self.name.encode()), (H.SUBJECT, subj),
+                         (H.SEQUENCE, b"%d" % mseq), (H.TIME_STAMP, rfc3339_nano(ts).encode())]
+                if is_batch:
+                    if np > 0:
+                        np -= 1
+                    pairs += [(H.NUM_PENDING, b"%d" % np), (H.LAST_SEQUENCE, b"%d" % lseq)]
+                if mhdr:
+                    out_hdr = mhdr
+                    for k, v in pairs:
+                        out_hdr = H.add(out_hdr, k, v)
+                else:
+                    out_hdr = H.make(0, "", pairs)
+            lseq = mseq
+            if out_hdr:
+                deliver(acc, reply, None, out_hdr + mmsg, len(out_hdr))
+            else:
+                deliver(acc, reply, None, mmsg)
+            sent_bytes += len(subj) + len(mhdr or b"") + len(mmsg)
+            if sent_bytes >= mb:
+                break
+        if is_batch:
+            h = H.make(204, "EOB", [(H.NUM_PENDING, b"%d" % np), (H.LAST_SEQUENCE, b"%d" % lseq)])
+            deliver(acc, reply, None, h, len(h))
+
+    def _direct_multi(self, req: dict, reply: bytes) -> None:
+        store = self.store
+        up_to = req.get("up_to_seq") or store.last_seq
+        if req.get("up_to_time"):
+            up_to = self._seq_from_time(req["up_to_time"])
+            if up_to <= store.first_seq:
+                return self._status(reply, 404, "No Results")
+            up_to -= 1
+        start = req.get("seq") or 0
+        found = {}
+        for filt in req["multi_last"]:
+            f = filt.encode()
+            for subj in store.subjects(f):
+                rec = store.load_prev(up_to, subj)
+                if rec is not None and rec[0] >= start:
+                    found[rec[0]] = rec
+        if not found:
+            return self._status(reply, 404, "No Results")
+        if len(found) > 1024:
+            return self._status(reply, 413, "Too Many Results")
+        mb = req.get("max_bytes") or self.server.opts.max_pending
+        batch = req.get("batch") or 0
+        sent = sent_bytes = 0
+        lseq = 0
+        seqs = sorted(found)
+        deliver = self.server.deliver
+        acc = self.jsa.account
+        np = len(seqs)
+        for mseq in seqs:
+            np -= 1
+            _, subj, mhdr, mmsg, ts = found[mseq]
+            pairs = [(H.STREAM, self.name.encode()), (H.SUBJECT, subj),
+                     (H.SEQUENCE, b"%d" % mseq), (H.TIME_STAMP, rfc3339_nano(ts).encode()),
+                     (H.NUM_PENDING, b"%d" % np), (H.LAST_SEQUENCE, b"%d" % lseq)]
+            out_hdr = mhdr or None
+            if out_hdr:
+                for k, v in pairs:
+                    out_hdr = H.add(out_hdr, k, v)
+            else:
+                out_hdr = H.make(0, "", pairs)
+            lseq = mseq
+            deliver(acc, reply, None, out_hdr + mmsg, len(out_hdr))
+            sent_bytes += len(subj) + len(mhdr or b"") + len(mmsg)
+            sent += 1
+            if sent_bytes >= mb or (batch and sent >= batch):
+                break
+        h = H.make(204, "EOB", [(H.NUM_PENDING, b"%d" % np), (H.LAST_SEQUENCE, b"%d" % lseq),
+                                (H.UP_TO_SEQUENCE, b"%d" % up_to)])
+        deliver(acc, reply, None, h, len(h))
+
+    def _seq_from_time(self, text: str) -> int:
+        """The first sequence at or after a time (store.GetSeqFromTime)."""
+        from natsjs.jetstream.jstime import parse_rfc3339
+        try:
+            ts = parse_rfc3339(text)
+        except ValueError:
+            return self.store.last_seq + 1
+        store = self.store
+        lo, hi = store.first_seq, store.last_seq
+        # Timestamps only grow with sequences: binary search over live messages.
+        ans = hi + 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            rec = store.load_next(mid)
+            if rec is None:
+                hi = mid - 1
+                continue
+            if rec[4] >= ts:
+                ans = min(ans, rec[0])
+                hi = mid - 1
+            else:
+                lo = rec[0] + 1
+        return ans
+
+    # ---- info ----------------------------------------------------------------------------
+
+    def state(self, subjects_filter: str = "", deleted_details: bool = False) -> dict:
+        st = self.store.state()
+        out = {"messages": st["messages"], "bytes": st["bytes"],
+               "first_seq": st["first_seq"], "first_ts": rfc3339_nano(st["first_ts"]),
+               "last_seq": st["last_seq"], "last_ts": rfc3339_nano(st["last_ts"])}
+        if st["num_subjects"]:
+            out["num_subjects"] = st["num_subjects"]
+        if subjects_filter:
+            subs = self.store.subjects(subjects_filter.encode())
+            if subs:
+                out["subjects"] = {k.decode("utf-8", "replace"): v for k, v in subs.items()}
+        if st["num_deleted"]:
+            out["num_deleted"] = st["num_deleted"]
+        if deleted_details:
+            dl = self.store.deleted()
+            if dl:
+                out["deleted"] = dl
+        lost = getattr(self.store, "recovery", None) or {}
+        if lost.get("lost"):
+            out["lost"] = {"msgs": _flatten_lost(lost["lost"]), "bytes": 0}
+        out["consumer_count"] = len(self.consumers)
+        return out
+
+    def info(self, subjects_filter: str = "", deleted_details: bool = False) -> dict:
+        cfg = with_dynamic_metadata(self.cfg, self.js.version)
+        out = {"config": config_json(cfg), "created": rfc3339_nano(self.created),
+               "state": self.state(subjects_filter, deleted_details)}
+        if self.js.domain:
+            out["domain"] = self.js.domain
+        out["cluster"] = self.js.cluster_info()
+        out["ts"] = rfc3339_nano(now_ns())
+        return out
+
+    def config_for_update(self, cfg: dict) -> None:
+        """Apply an accepted update (the checks were done by the API)."""
+        old = self.cfg
+        self.cfg = cfg
+        if old["subjects"] != cfg["subjects"]:
+            acc = self.jsa.account
+            for sub in self._subs:
+                self.js.unsubscribe(acc, sub)
+            self._subs = []
+            if cfg["mirror"] is None:
+                for subj in cfg["subjects"] or []:
+                    self._subs.append(self.js.subscribe(acc, subj.encode(), self._capture))
+        self._update_direct()
+        self._enforce_all_limits()
+        self._expire_wake.unpark()
+        for c in self.consumers.values():
+            c.stream_changed()
+
+    def _enforce_all_limits(self) -> None:
+        cfg = self.cfg
+        store = self.store
+        mmp = cfg["max_msgs_per_subject"]
+        if mmp > 0:
+            for subj, count in list(store.subjects().items()):
+                while count > mmp:
+                    _, first, _ = store.subject_state(subj)
+                    self._remove_for_limits(first)
+                    count -= 1
+        mm = cfg["max_msgs"]
+        while mm > 0 and store.msgs > mm:
+            self._remove_for_limits(store.first_seq)
+        mb = cfg["max_bytes"]
+        while mb > 0 and store.bytes > mb and store.msgs:
+            self._remove_for_limits(store.first_seq)
+
+
+def _flatten_lost(lost) -> list:
+    out = []
+    for item in lost:
+        if isinstance(item, (list, tuple)):
+            out.extend(range(item[0], item[1] + 1))
+        else:
+            out.append(item)
+    return out
+
+
+def _parse_uint(v: bytes) -> int | None:
+    v = v.strip()
+    return int(v) if v.isdigit() else None
+
+
+def _parse_ttl(raw: bytes) -> int | None:
+    """server/stream.go parseMessageTTL: seconds; -1 never; None when invalid."""
+    text = raw.decode("utf-8", "replace").strip()
+    if text.lower() == "never":
+        return -1
+    try:
+        ns = parse_go_duration(text)
+    except ValueError:
+        if text.isdigit():
+            return int(text)
+        return None
+    if ns < 1_000_000_000:
+        return None
+    return ns // 1_000_000_000
+
+
+def _ttl_seconds(hdr: bytes) -> int:
+    raw = H.get(hdr, H.MSG_TTL)
+    if not raw:
+        return 0
+    return _parse_ttl(raw) or 0
+
+
+def _transform(src: str, dest: str, subject: str) -> str:
+    """Map ``subject`` (matched by ``src``) to ``dest``: ``$N``/``{{wildcard(N)}}`` take
+    the N-th wildcard token; a ``>`` in dest takes the rest."""
+    st = subject.split(".")
+    pt = src.split(".")
+    wild = []
+    for i, t in enumerate(pt):
+        if t == "*":
+            wild.append(st[i])
+        elif t == ">":
+            wild.append(".".join(st[i:]))
+    if dest == ">":
+        return subject
+    out = []
+    wi = 0
+    for t in dest.split("."):
+        if t == "*" or t == ">":
+            out.append(wild[wi] if wi < len(wild) else t)
+            wi += 1
+            continue
+        if "$" in t or "{{" in t:
+            import re
+            def rep(m):
+                n = int(m.group(1) or m.group(2))
+                return wild[n - 1] if 0 < n <= len(wild) else m.group(0)
+            t = re.sub(r"\$(\d+)|\{\{\s*wildcard\((\d+)\)\s*\}\}", rep, t)
+        out.append(t)
+    return ".".join(out)
+
+
+__all__ = ["Stream", "subject_matches"]

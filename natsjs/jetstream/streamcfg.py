@@ -1,0 +1,534 @@
+"""Stream configuration: the schema, nats-server's defaults and its validity rules.
+
+A stream's configuration is kept as a dict with every field present, in the order
+and with the names of nats-server's ``StreamConfig`` (server/stream.go); durations
+are integer nanoseconds as on the wire.  ``check_stream_config`` is
+checkStreamCfgLocked, ``check_update`` is configUpdateCheckLocked, and
+``config_json`` leaves out the ``omitempty`` fields the way Go's encoder does, so
+stream info reads exactly like the reference's.
+"""
+from __future__ import annotations
+
+import copy
+
+from natsjs.jetstream.errors import ApiError
+from natsjs.jetstream.schema import MAPOF_STRING, Enum, ListOf, MapOf, RAW, Struct
+from natsjs.jetstream.subjects import (is_literal, subjects_collide, subset_match,
+                                       valid_publish_subject, valid_subject)
+
+NS = 1_000_000_000
+MS = 1_000_000
+DEFAULT_DUPLICATE_WINDOW = 120 * NS       # server/stream.go StreamDefaultDuplicatesWindow
+MAX_REPLICAS = 5                          # StreamMaxReplicas
+MAX_NAME_LEN = 255                        # server/jetstream_api.go JSMaxNameLen
+MAX_DESCRIPTION_LEN = 4 * 1024
+MAX_METADATA_LEN = 128 * 1024
+API_LEVEL = 5                             # server/jetstream_versioning.go JSApiLevel
+REQ_LEVEL_KEY = "_nats.req.level"
+VERSION_KEY = "_nats.ver"
+LEVEL_KEY = "_nats.level"
+
+RETENTION = Enum("RetentionPolicy", ("limits", "interest", "workqueue"))
+DISCARD = Enum("DiscardPolicy", ("old", "new"), lower=True)
+STORAGE = Enum("StorageType", ("file", "memory"))
+COMPRESSION = Enum("StoreCompression", ("none", "s2"))
+PERSIST = Enum("PersistModeType", ("default", "async"))
+
+TRANSFORM = Struct("SubjectTransformConfig", {"src": "string", "dest": "string"})
+EXTERNAL = Struct("ExternalStream", {"api": "string", "deliver": "string"})
+SOURCE = Struct("StreamSource", {
+    "name": "string", "opt_start_seq": "uint64", "opt_start_time": "string",
+    "filter_subject": "string", "subject_transforms": ListOf(TRANSFORM),
+    "external": EXTERNAL,
+    "consumer": Struct("StreamConsumerSource", {"name": "string", "deliver_subject": "string"}),
+})
+PLACEMENT = Struct("Placement", {"cluster": "string", "tags": ListOf("string"),
+                                 "preferred": "string"})
+STREAM_CONFIG_FIELDS = {
+    "name": "string",
+    "description": "string",
+    "subjects": ListOf("string"),
+    "retention": RETENTION,
+    "max_consumers": "int",
+    "max_msgs": "int64",
+    "max_bytes": "int64",
+    "max_age": "duration",
+    "max_msgs_per_subject": "int64",
+    "max_msg_size": "int32",
+    "discard": DISCARD,
+    "storage": STORAGE,
+    "num_replicas": "int",
+    "no_ack": "bool",
+    "duplicate_window": "duration",
+    "placement": PLACEMENT,
+    "mirror": SOURCE,
+    "sources": ListOf(SOURCE),
+    "compression": COMPRESSION,
+    "first_seq": "uint64",
+    "subject_transform": TRANSFORM,
+    "republish": Struct("RePublish", {"src": "string", "dest": "string",
+                                      "headers_only": "bool"}),
+    "allow_direct": "bool",
+    "mirror_direct": "bool",
+    "discard_new_per_subject": "bool",
+    "sealed": "bool",
+    "deny_delete": "bool",
+    "deny_purge": "bool",
+    "allow_rollup_hdrs": "bool",
+    "consumer_limits": Struct("StreamConsumerLimits", {"inactive_threshold": "duration",
+                                                       "max_ack_pending": "int"}),
+    "allow_msg_ttl": "bool",
+    "subject_delete_marker_ttl": "duration",
+    "allow_msg_counter": "bool",
+    "allow_atomic": "bool",
+    "allow_msg_schedules": "bool",
+    "persist_mode": PERSIST,
+    "allow_batched": "bool",
+    "metadata": MAPOF_STRING,
+}
+STREAM_CONFIG_REQUEST = Struct("StreamConfigRequest",
+                               {**STREAM_CONFIG_FIELDS, "pedantic": "bool"})
+STREAM_CONFIG = Struct("StreamConfig", STREAM_CONFIG_FIELDS)
+
+# Go zero values, and which fields the encoder leaves out when zero.
+_ZERO = {"string": "", "bool": False, "int": 0, "int32": 0, "int64": 0, "uint64": 0,
+         "duration": 0}
+OMITEMPTY = frozenset((
+    "description", "subjects", "max_msg_size", "no_ack", "duplicate_window", "placement",
+    "mirror", "sources", "first_seq", "subject_transform", "republish",
+    "discard_new_per_subject", "subject_delete_marker_ttl", "allow_msg_counter",
+    "allow_atomic", "allow_msg_schedules", "persist_mode", "allow_batched", "metadata"))
+_ENUM_DEFAULTS = {"retention": "limits", "discard": "old", "storage": "file",
+                  "compression": "none", "persist_mode": ""}
+
+
+def blank_config() -> dict:
+    """Every field at Go's zero value (enums at their first value)."""
+    out = {}
+    for name, t in STREAM_CONFIG_FIELDS.items():
+        if name in _ENUM_DEFAULTS:
+            out[name] = _ENUM_DEFAULTS[name]
+        elif isinstance(t, str):
+            out[name] = _ZERO[t]
+        elif name == "consumer_limits":
+            out[name] = {}
+        else:
+            out[name] = None
+    return out
+
+
+def from_request(req: dict) -> dict:
+    cfg = blank_config()
+    for k, v in req.items():
+        if k in cfg:
+            cfg[k] = v
+    return cfg
+
+
+def config_json(cfg: dict) -> dict:
+    """The configuration as nats-server's encoder writes it."""
+    out = {}
+    for k, v in cfg.items():
+        if k in OMITEMPTY and (v is None or v == "" or v == 0 or v is False or v == []
+                               or v == {}):
+            continue
+        if v is None:
+            continue
+        out[k] = v
+    return out
+
+
+def valid_asset_name(name: str) -> bool:
+    """server/stream.go isValidAssetName (stream and consumer names)."""
+    return bool(name) and not any(c in name for c in ".*> \t\r\n\f\\/") and \
+        all(ord(c) > 31 for c in name)
+
+
+def _invalid(text: str) -> ApiError:
+    return ApiError.of("JSStreamInvalidConfigF", err=text)
+
+
+def required_api_level(cfg: dict) -> int:
+    """server/jetstream_versioning.go setStaticStreamMetadata."""
+    level = 0
+    if cfg.get("allow_msg_ttl") or (cfg.get("subject_delete_marker_ttl") or 0) > 0:
+        level = 1
+    if cfg.get("allow_msg_counter") or cfg.get("allow_atomic") or \
+            cfg.get("allow_msg_schedules") or cfg.get("persist_mode") == "async":
+        level = max(level, 2)
+    if cfg.get("allow_batched"):
+        level = max(level, 4)
+    return level
+
+
+def set_static_metadata(cfg: dict) -> None:
+    md = {k: v for k, v in (cfg.get("metadata") or {}).items()
+          if k not in (VERSION_KEY, LEVEL_KEY)}
+    md[REQ_LEVEL_KEY] = str(required_api_level(cfg))
+    cfg["metadata"] = md
+
+
+def with_dynamic_metadata(cfg: dict, version: str) -> dict:
+    """A copy for responses: server version and API level added (setDynamicStreamMetadata)."""
+    out = dict(cfg)
+    md = dict(cfg.get("metadata") or {})
+    md[VERSION_KEY] = version
+    md[LEVEL_KEY] = str(API_LEVEL)
+    out["metadata"] = md
+    return out
+
+
+class CheckContext:
+    """What the checks need from the account (other streams, limits)."""
+
+    def __init__(self, get_stream=None, max_bytes_required=False, max_stream_bytes=-1,
+                 server_dup_window=0, pedantic=False):
+        self.get_stream = get_stream or (lambda name: None)   # -> config dict or None
+        self.max_bytes_required = max_bytes_required
+        self.max_stream_bytes = max_stream_bytes
+        self.server_dup_window = server_dup_window
+        self.pedantic = pedantic
+
+
+def check_stream_config(config: dict, ctx: CheckContext) -> dict:
+    """nats-server's checkStreamCfgLocked: validate, then fill in the defaults."""
+    pedantic = ctx.pedantic
+    if not valid_asset_name(config.get("name") or ""):
+        raise _invalid("stream name is required and can not contain '.', '*', '>', '\\', '/'")
+    if len(config["name"]) > MAX_NAME_LEN:
+        raise _invalid("stream name is too long, maximum allowed is %d" % MAX_NAME_LEN)
+    if len(config.get("description") or "") > MAX_DESCRIPTION_LEN:
+        raise _invalid("stream description is too long, maximum allowed is %d"
+                       % MAX_DESCRIPTION_LEN)
+    md = config.get("metadata") or {}
+    if sum(len(k) + len(v) for k, v in md.items()) > MAX_METADATA_LEN:
+        raise _invalid("stream metadata exceeds maximum size of %d bytes" % MAX_METADATA_LEN)
+    cfg = copy.deepcopy(config)
+    if not cfg.get("storage"):
+        cfg["storage"] = "file"
+    if cfg["num_replicas"] == 0:
+        cfg["num_replicas"] = 1
+    if cfg["num_replicas"] > MAX_REPLICAS:
+        raise _invalid("maximum replicas is %d" % MAX_REPLICAS)
+    if cfg["num_replicas"] < 0:
+        raise ApiError.of("JSReplicasCountCannotBeNegative")
+    for f in ("max_msgs", "max_msgs_per_subject", "max_bytes", "max_msg_size",
+              "max_consumers"):
+        if cfg[f] == 0 or cfg[f] < -1:
+            if pedantic and cfg[f] < -1:
+                raise ApiError.of("JSPedanticErrF", err="%s must be set to -1" % f)
+            cfg[f] = -1
+    max_age = cfg["max_age"]
+    if max_age < 0:
+        raise _invalid("max age can not be negative")
+    if max_age and max_age < 100 * MS:
+        raise _invalid("max age needs to be >= 100ms")
+    if cfg["duplicate_window"] == 0 and cfg["mirror"] is None and not cfg["sources"]:
+        window = DEFAULT_DUPLICATE_WINDOW
+        if ctx.server_dup_window and window > ctx.server_dup_window:
+            if pedantic:
+                raise ApiError.of("JSPedanticErrF", err="duplicate window limits are higher "
+                                  "than current limits")
+            window = ctx.server_dup_window
+        if max_age and max_age < window:
+            if pedantic:
+                raise ApiError.of("JSPedanticErrF",
+                                  err="duplicate window cannot be bigger than max age")
+            cfg["duplicate_window"] = max_age
+        else:
+            cfg["duplicate_window"] = window
+    dup = cfg["duplicate_window"]
+    if dup < 0:
+        raise _invalid("duplicates window can not be negative")
+    if max_age and dup > max_age:
+        raise _invalid("duplicates window can not be larger then max age")
+    if ctx.server_dup_window and dup > ctx.server_dup_window:
+        raise _invalid("duplicates window can not be larger then server limit of %s"
+                       % go_duration(ctx.server_dup_window))
+    if 0 < dup < 100 * MS:
+        raise _invalid("duplicates window needs to be >= 100ms")
+    if cfg["deny_purge"] and cfg["allow_rollup_hdrs"]:
+        raise _invalid("roll-ups require the purge permission")
+    if cfg["allow_msg_counter"]:
+        if cfg["discard"] == "new":
+            raise _invalid("counter stream cannot use discard new")
+        if cfg["allow_msg_ttl"]:
+            raise _invalid("counter stream cannot use message TTLs")
+        if cfg["allow_msg_schedules"]:
+            raise _invalid("counter stream cannot use message schedules")
+        if cfg["retention"] != "limits":
+            raise _invalid("counter stream can only use limits retention")
+    if cfg["discard_new_per_subject"]:
+        if cfg["discard"] != "new":
+            raise _invalid("discard new per subject requires discard new policy to be set")
+        if cfg["max_msgs_per_subject"] <= 0:
+            raise _invalid("discard new per subject requires max msgs per subject > 0")
+    sdm = cfg["subject_delete_marker_ttl"]
+    if sdm > 0:
+        if sdm < NS:
+            raise _invalid("subject delete marker TTL must be at least 1 second")
+        if not cfg["allow_msg_ttl"]:
+            if pedantic:
+                raise _invalid("subject delete marker cannot be set if message TTLs are "
+                               "disabled")
+            cfg["allow_msg_ttl"] = True
+        if not cfg["allow_rollup_hdrs"]:
+            if pedantic:
+                raise _invalid("subject delete marker cannot be set if roll-ups are disabled")
+            cfg["allow_rollup_hdrs"], cfg["deny_purge"] = True, False
+    elif sdm < 0:
+        raise _invalid("subject delete marker TTL must not be negative")
+    if cfg["allow_msg_schedules"]:
+        if cfg["discard"] == "new":
+            raise _invalid("message scheduling cannot use discard new")
+        if not cfg["allow_rollup_hdrs"]:
+            if pedantic:
+                raise _invalid("message scheduling cannot be set if roll-ups are disabled")
+            cfg["allow_rollup_hdrs"], cfg["deny_purge"] = True, False
+    if cfg["persist_mode"] == "async":
+        if cfg["storage"] != "file":
+            raise _invalid("async persist mode is only supported on file storage")
+        if cfg["num_replicas"] > 1:
+            raise _invalid("async persist mode is not supported on replicated streams")
+        if cfg["allow_atomic"]:
+            raise _invalid("async persist mode is not supported with atomic batch publish")
+    _check_sources(cfg, ctx)
+    subjects = cfg["subjects"] or []
+    if not subjects:
+        if cfg["mirror"] is None and not cfg["sources"]:
+            cfg["subjects"] = subjects = [cfg["name"]]
+    else:
+        if cfg["mirror"] is not None:
+            raise ApiError.of("JSMirrorWithSubjectsErr")
+        seen = set()
+        for i, subj in enumerate(subjects):
+            if not valid_subject(subj):
+                raise _invalid("invalid subject")
+            if subj in seen:
+                raise _invalid("duplicate subjects detected")
+            if subj == ">":
+                if not cfg["no_ack"]:
+                    raise _invalid("capturing all subjects requires no-ack to be true")
+                if cfg["num_replicas"] != 1:
+                    raise _invalid("capturing all subjects requires replicas of 1")
+            if not cfg["no_ack"]:
+                for ns in ("$JS.>", "$JSC.>", "$NRG.>"):
+                    if subjects_collide(subj, ns) and not subset_match(subj, "$JS.EVENT.>"):
+                        raise _invalid("subjects that overlap with jetstream api require "
+                                       "no-ack to be true")
+                if subjects_collide(subj, "$SYS.>") and not subset_match(subj, "$SYS.ACCOUNT.>"):
+                    raise _invalid("subjects that overlap with system api require no-ack to "
+                                   "be true")
+            for other in subjects[i + 1:]:
+                if subjects_collide(other, subj):
+                    raise _invalid('subject "%s" overlaps with "%s"' % (subj, other))
+            seen.add(subj)
+    if not cfg["subjects"] and not cfg["sources"] and cfg["mirror"] is None:
+        raise _invalid("stream needs at least one configured subject or be a source/mirror")
+    if ctx.max_bytes_required and cfg["max_bytes"] <= 0:
+        raise ApiError.of("JSStreamMaxBytesRequired")
+    if ctx.max_stream_bytes > 0 and cfg["max_bytes"] > ctx.max_stream_bytes:
+        raise ApiError.of("JSStreamMaxStreamBytesExceeded")
+    tr = cfg["subject_transform"]
+    if tr is not None:
+        src = tr.get("src", "")
+        if src and not valid_subject(src):
+            raise ApiError.of("JSStreamTransformInvalidSource", err="invalid subject %s" % src)
+        _check_mapping(src, tr.get("dest", ""), "JSStreamTransformInvalidDestination")
+    rp = cfg["republish"]
+    if rp is not None:
+        if not rp.get("src"):
+            if pedantic:
+                raise ApiError.of("JSPedanticErrF", err="republish source can not be empty")
+            rp["src"] = ">"
+        rp.setdefault("dest", "")
+        if rp["dest"] == ">" and rp["src"] == ">" and tr is not None and \
+                len(cfg["subjects"]) == 1 and tr.get("src") == cfg["subjects"][0]:
+            rp["src"] = rp["dest"] = tr.get("dest", "")
+        if any(subjects_collide(rp["dest"], s) for s in cfg["subjects"] or []):
+            raise _invalid("stream configuration for republish destination forms a cycle")
+        if not valid_subject(rp["src"]) or not valid_subject(rp["dest"]) or \
+                not _transform_ok(rp["src"], rp["dest"]):
+            raise _invalid("stream configuration for republish with transform from '%s' to "
+                           "'%s' not valid" % (rp["src"], rp["dest"]))
+    pl = cfg["placement"]
+    if pl is not None and not any(pl.get(k) for k in ("cluster", "tags", "preferred")):
+        cfg["placement"] = None
+    elif pl is not None and pl.get("preferred"):
+        raise _invalid("preferred server not permitted in placement")
+    return cfg
+
+
+def _check_sources(cfg: dict, ctx: CheckContext) -> None:
+    mirror = cfg["mirror"]
+    if mirror is not None:
+        if cfg["first_seq"] > 0:
+            raise ApiError.of("JSMirrorWithFirstSeqErr")
+        if cfg["subjects"]:
+            raise ApiError.of("JSMirrorWithSubjectsErr")
+        if cfg["sources"]:
+            raise ApiError.of("JSMirrorWithSourcesErr")
+        if cfg["allow_msg_counter"]:
+            raise ApiError.of("JSMirrorWithCountersErr")
+        if cfg["allow_atomic"]:
+            raise ApiError.of("JSMirrorWithAtomicPublishErr")
+        if cfg["allow_msg_schedules"]:
+            raise ApiError.of("JSMirrorWithMsgSchedulesErr")
+        if mirror.get("filter_subject") and mirror.get("subject_transforms"):
+            raise ApiError.of("JSMirrorMultipleFiltersNotAllowed")
+        if cfg["subject_delete_marker_ttl"] > 0:
+            raise _invalid("subject delete markers forbidden on mirrors")
+        trs = mirror.get("subject_transforms") or []
+        for i, t in enumerate(trs):
+            if t.get("src") and not valid_subject(t["src"]):
+                raise ApiError.of("JSMirrorInvalidSubjectFilter",
+                                  err="invalid subject %s" % t["src"])
+            _check_mapping(t.get("src", ""), t.get("dest", ""),
+                           "JSMirrorInvalidTransformDestination")
+            for j, u in enumerate(trs):
+                if i != j and subjects_collide(t.get("src", ">"), u.get("src", ">")):
+                    raise ApiError.of("JSMirrorOverlappingSubjectFilters")
+        if mirror.get("external") is None:
+            if not valid_asset_name(mirror.get("name") or ""):
+                raise ApiError.of("JSMirrorInvalidStreamName")
+            origin = ctx.get_stream(mirror["name"])
+            if origin is not None:
+                if cfg["max_msg_size"] > 0 and origin["max_msg_size"] > 0 and \
+                        cfg["max_msg_size"] < origin["max_msg_size"]:
+                    raise ApiError.of("JSMirrorMaxMessageSizeTooBigErr")
+                cfg["mirror_direct"] = origin["allow_direct"]
+    names = set()
+    for src in cfg["sources"] or []:
+        if not valid_asset_name(src.get("name") or ""):
+            raise ApiError.of("JSSourceInvalidStreamName")
+        iname = _source_index_name(src)
+        if iname in names:
+            raise ApiError.of("JSSourceDuplicateDetected")
+        names.add(iname)
+        if src.get("filter_subject") and src.get("subject_transforms"):
+            raise ApiError.of("JSSourceMultipleFiltersNotAllowed")
+        trs = src.get("subject_transforms") or []
+        for t in trs:
+            if t.get("src") and not valid_subject(t["src"]):
+                raise ApiError.of("JSSourceInvalidSubjectFilter",
+                                  err="invalid subject %s" % t["src"])
+            _check_mapping(t.get("src", ""), t.get("dest", ""),
+                           "JSSourceInvalidTransformDestination")
+        for i, t in enumerate(trs):
+            for j, u in enumerate(trs):
+                if i != j and subset_match(t.get("src", ">"), u.get("src", ">")):
+                    raise ApiError.of("JSSourceOverlappingSubjectFilters")
+        if src.get("external") is None:
+            origin = ctx.get_stream(src["name"])
+            if origin is not None and cfg["max_msg_size"] > 0 and \
+                    origin["max_msg_size"] > 0 and cfg["max_msg_size"] < origin["max_msg_size"]:
+                raise ApiError.of("JSSourceMaxMessageSizeTooBigErr")
+
+
+def _source_index_name(src: dict) -> str:
+    """server/stream.go composeIName: name, external api prefix, filters and transforms."""
+    parts = [src.get("name", "")]
+    ext = src.get("external") or {}
+    if ext.get("api"):
+        parts.append(ext["api"])
+    if src.get("filter_subject"):
+        parts.append(src["filter_subject"])
+    for t in src.get("subject_transforms") or []:
+        parts.append("%s>%s" % (t.get("src", ""), t.get("dest", "")))
+    return " ".join(parts)
+
+
+def _transform_ok(src: str, dest: str) -> bool:
+    """A destination may use the source's wildcards, by position, or as they stand."""
+    if not dest:
+        return True
+    if not valid_subject(dest):
+        return False
+    nwild = sum(1 for t in (src or ">").split(".") if t in ("*", ">"))
+    for tok in dest.split("."):
+        if tok.startswith("{{") or "$" in tok:
+            for part in tok.replace("}}", "{{").split("{{"):
+                p = part.strip()
+                if p.startswith("wildcard(") or p.startswith("partition(") or \
+                        p.startswith("split") or p.startswith("slice") or \
+                        p.startswith("left") or p.startswith("right"):
+                    continue
+                if p.startswith("$") and p[1:].isdigit() and int(p[1:]) > nwild:
+                    return False
+    if ">" in dest.split(".") and ">" not in (src or ">").split("."):
+        return False
+    return True
+
+
+def _check_mapping(src: str, dest: str, err: str) -> None:
+    if not _transform_ok(src, dest):
+        raise ApiError.of(err, err="invalid subject")
+
+
+def check_update(old: dict, new: dict, ctx: CheckContext, single_server: bool) -> dict:
+    """nats-server's configUpdateCheckLocked: what a stream update may change."""
+    cfg = check_stream_config(new, ctx)
+    if cfg["name"] != old["name"]:
+        raise _invalid("stream configuration name must match original")
+    if single_server and cfg["num_replicas"] > 1:
+        raise ApiError.of("JSStreamReplicasNotSupportedErr")
+    if cfg["storage"] != old["storage"]:
+        raise _invalid("stream configuration update can not change storage type")
+    if cfg["retention"] != old["retention"] and "workqueue" in (cfg["retention"],
+                                                                   old["retention"]):
+        raise _invalid("stream configuration update can not change retention policy to/from "
+                       "workqueue")
+    if not cfg["sealed"] and old["sealed"]:
+        raise _invalid("stream configuration update can not unseal a sealed stream")
+    if not cfg["deny_delete"] and old["deny_delete"]:
+        raise _invalid("stream configuration update can not cancel deny message deletes")
+    if not cfg["deny_purge"] and old["deny_purge"]:
+        raise _invalid("stream configuration update can not cancel deny purge")
+    if cfg["mirror"] is not None and cfg["mirror"] != old["mirror"]:
+        raise ApiError.of("JSStreamMirrorNotUpdatableErr")
+    if old["allow_msg_ttl"] and not cfg["allow_msg_ttl"]:
+        raise _invalid("message TTL status can not be disabled")
+    if cfg["allow_msg_counter"] != old["allow_msg_counter"]:
+        raise _invalid("stream configuration update can not change message counter setting")
+    if old["allow_msg_schedules"] and not cfg["allow_msg_schedules"]:
+        raise _invalid("message schedules can not be disabled")
+    if old["persist_mode"] != cfg["persist_mode"]:
+        raise _invalid("stream configuration update can not change persist mode")
+    if cfg["sealed"]:
+        cfg["max_age"] = 0
+        cfg["discard"] = "new"
+        cfg["deny_delete"] = cfg["deny_purge"] = True
+        cfg["allow_rollup_hdrs"] = False
+    return cfg
+
+
+def go_duration(ns: int) -> str:
+    """Go's time.Duration.String() for whole values (2m0s, 1.5s, 100ms)."""
+    if ns == 0:
+        return "0s"
+    neg = ns < 0
+    ns = abs(ns)
+    if ns < 1000:
+        s = "%dns" % ns
+    elif ns < MS:
+        s = ("%g" % (ns / 1000)) + "µs"
+    elif ns < NS:
+        s = ("%g" % (ns / MS)) + "ms"
+    else:
+        h, rem = divmod(ns, 3600 * NS)
+        m, rem = divmod(rem, 60 * NS)
+        secs = rem / NS
+        sec = ("%.9f" % secs).rstrip("0").rstrip(".") + "s"
+        if h:
+            s = "%dh%dm%s" % (h, m, sec)
+        elif m:
+            s = "%dm%s" % (m, sec)
+        else:
+            s = sec
+    return "-" + s if neg else s
+
+
+__all__ = ["STREAM_CONFIG_REQUEST", "STREAM_CONFIG", "check_stream_config", "check_update",
+           "config_json", "from_request", "blank_config", "valid_asset_name",
+           "set_static_metadata", "with_dynamic_metadata", "go_duration", "is_literal",
+           "valid_publish_subject", "MapOf", "RAW"]
