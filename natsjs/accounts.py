@@ -58,6 +58,9 @@ class AccountConfig:
     users: tuple[User, ...] = ()
     exports: tuple[Export, ...] = ()
     imports: tuple[Import, ...] = ()
+    # ``jetstream: enabled`` or ``jetstream {limits}`` (natsjs/jetstream/config.py);
+    # None: JetStream is not enabled for this account (unless it is $G).
+    jetstream: object = None
 
 
 def _no_ops(op, args):
@@ -143,7 +146,7 @@ def parse_accounts(value) -> dict[str, AccountConfig]:
     if not isinstance(value, dict):
         raise AuthConfigError("Expected accounts to be a map or an array, got %r" % (value,))
     for name, body in value.items():
-        users, exports, imports = (), [], []
+        users, exports, imports, js = (), [], [], None
         if body is None or body == {}:
             out[name] = AccountConfig(name)
             continue
@@ -157,12 +160,25 @@ def parse_accounts(value) -> dict[str, AccountConfig]:
                 exports = [_parse_export(e) for e in (v or [])]
             elif lk == "imports":
                 imports = [_parse_import(e) for e in (v or [])]
-            elif lk in ("jetstream", "limits", "mappings", "default_permissions", "nkey",
+            elif lk == "jetstream":
+                from natsjs.config import parse_size
+                from natsjs.jetstream.config import parse_account_jetstream
+
+                def unknown(m, key, name=name):
+                    raise AuthConfigError("Unknown field %r parsing account %r jetstream"
+                                          % (key, name))
+                try:
+                    js = parse_account_jetstream(v, parse_size, unknown)
+                except ValueError as exc:
+                    raise AuthConfigError(str(exc)) from None
+                if not js.enabled:
+                    js = None
+            elif lk in ("limits", "mappings", "default_permissions", "nkey",
                         "msg_trace", "trace_dest"):
                 continue
             else:
                 raise AuthConfigError("Unknown field %r parsing account %r" % (k, name))
-        out[name] = AccountConfig(name, users, tuple(exports), tuple(imports))
+        out[name] = AccountConfig(name, users, tuple(exports), tuple(imports), js)
     return out
 
 

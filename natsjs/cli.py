@@ -39,7 +39,7 @@ Authorization Options:
         --auth <token>               Authorization token required for connections
 
 JetStream Options:
-    -js, --jetstream                 Enable JetStream functionality (not available yet: warns)
+    -js, --jetstream                 Enable JetStream functionality
     -sd, --store_dir <dir>           Set the storage directory
 
 Cluster Options:
@@ -154,10 +154,18 @@ def options_from_args(argv: list[str], warn=None) -> tuple[ServerOptions, argpar
         if ns.auth_token:
             auth = dataclasses.replace(auth, token=ns.auth_token)
         changes["auth"] = auth
-    if ns.jetstream:
-        changes["jetstream_requested"] = True
-    if ns.store_dir:
-        changes["store_dir"] = ns.store_dir
+    if ns.jetstream or ns.store_dir:
+        # -sd alone does not turn JetStream on, but it sets where it stores (opts.go).
+        import dataclasses
+        from natsjs.jetstream.config import JetStreamOptions
+        js = opts.jetstream
+        if ns.jetstream and js is None:
+            js = JetStreamOptions()
+        if js is not None and ns.store_dir:
+            js = dataclasses.replace(js, store_dir=ns.store_dir)
+        changes["jetstream"] = js
+        if ns.store_dir:
+            changes["store_dir"] = ns.store_dir
     cluster = _cluster_from_flags(ns, opts.cluster)
     if cluster is not None:
         changes["cluster"] = cluster
@@ -318,8 +326,12 @@ async def _run(opts: ServerOptions, log: Logger, argv: list[str]) -> int:
             # Signal handlers first: a SIGTERM that arrives as soon as the server
             # listens must already mean a graceful shutdown.
             await nursery.start(_signals, server, argv)
+            from natsjs.jetstream.engine import JetStreamError
             try:
                 await nursery.start(server.run)
+            except JetStreamError:
+                nursery.cancel_scope.cancel()
+                return 1
             except OSError as exc:
                 log.fatal("Error listening on port: %s:%d, %r", opts.host, opts.port,
                           exc.strerror or str(exc))

@@ -152,6 +152,10 @@ def parse_cluster(value, path: str = "") -> ClusterOptions:
     return ClusterOptions(**kw)
 
 
+def _unknown(mapping, key: str, path: str):
+    raise ValueError('%s: unknown field "%s"' % (_where(mapping, key, path), key))
+
+
 def _where(mapping, key: str, path: str) -> str:
     pos = mapping.pos(key) if isinstance(mapping, conf.ConfMap) else None
     return pos.nats() if pos is not None else (path or "config")
@@ -220,15 +224,19 @@ def options_from_mapping(mapping: dict, base: ServerOptions, warn=None,
         elif k == "tls":
             changes["tls"] = TLSConfig.from_conf(value, warn=warn)
         elif k == "jetstream":
-            enabled = value if isinstance(value, bool) else (
-                str(value).lower() in ("enabled", "true", "on") if isinstance(value, str)
-                else True)
-            changes["jetstream_requested"] = enabled
-            if isinstance(value, dict):
-                sd = value.get_ci("store_dir") if hasattr(value, "get_ci") else \
-                    value.get("store_dir")
-                if sd:
-                    changes["store_dir"] = str(sd)
+            from natsjs.jetstream.config import parse_jetstream
+            js = parse_jetstream(value, parse_size, parse_duration,
+                                 lambda m, key: _unknown(m, key, path))
+            if js.store_dir and changes.get("store_dir"):
+                raise ValueError("%s: Duplicate 'store_dir' configuration"
+                                 % _where(mapping, key, path))
+            changes["jetstream"] = js if js.enabled else None
+        elif k in ("store_dir", "storedir"):
+            js = changes.get("jetstream")
+            if js is not None and js.store_dir:
+                raise ValueError("%s: Duplicate 'store_dir' configuration"
+                                 % _where(mapping, key, path))
+            changes["store_dir"] = str(value)
         elif k == "authorization":
             changes["auth"] = parse_authorization(value)
         elif k == "accounts":

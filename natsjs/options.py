@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from natsjs.accounts import DEFAULT_SYSTEM_ACCOUNT, AccountConfig
 from natsjs.auth import AuthOptions
+from natsjs.jetstream.config import AccountJSLimits, JetStreamOptions
 from natsjs.tls import TLSConfig
 
 DEFAULT_PORT = 4222
@@ -106,9 +107,9 @@ class ServerOptions:
     system_account: str = DEFAULT_SYSTEM_ACCOUNT
     tls: TLSConfig | None = None
     cluster: ClusterOptions | None = None
-    # JetStream was asked for (``-js``/``jetstream {}``); natsjs does not have it yet
-    # and says so at start-up instead of refusing the configuration.
-    jetstream_requested: bool = False
+    # ``-js``/``jetstream {}`` (natsjs/jetstream/config.py); None: JetStream off.
+    jetstream: JetStreamOptions | None = None
+    # The top-level ``store_dir`` (nats-server accepts it outside the jetstream block).
     store_dir: str = ""
 
     def replace(self, **changes) -> "ServerOptions":

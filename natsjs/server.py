@@ -69,6 +69,10 @@ class Server:
             from natsjs.tls import make_server_context
             self.tls_context = make_server_context(opts.tls)
         self._deliver_depth = 0
+        self.jetstream = None
+        if opts.jetstream is not None:
+            from natsjs.jetstream.engine import JetStream
+            self.jetstream = JetStream(self, opts.jetstream)
         self._own_urls: list[str] | None = None
         self._sys_seq = 0
         from natsjs import sysreq
@@ -107,9 +111,6 @@ class Server:
         log.info("  ID:       %s", self.server_id)
         if opts.config_file:
             log.info("Using configuration file: %s", opts.config_file)
-        if opts.jetstream_requested:
-            log.warn("JetStream was requested but natsjs does not provide it yet; "
-                     "running without it (JetStream API requests get no responders)")
         if self.shutting_down:      # a signal arrived before we got this far
             self.stopped.set()
             task_status.started(self)
@@ -123,6 +124,13 @@ class Server:
                 if opts.http_port:
                     from natsjs import monitor
                     await nursery.start(monitor.serve, self)
+                if self.jetstream is not None:
+                    from natsjs.jetstream.engine import JetStreamError
+                    try:
+                        await nursery.start(self.jetstream.run)
+                    except JetStreamError as exc:
+                        log.fatal("Can't start JetStream: %s", exc)
+                        raise
                 log.info("Listening for client connections on %s:%d",
                          _display_host(opts.host), self.port)
                 if self.cluster is not None:
@@ -336,6 +344,8 @@ class Server:
             n = account.note_interest(sub, delta)
             if cluster is not None:
                 cluster.interest_changed(account, sub, n, delta)
+        if self.jetstream is not None:
+            self.jetstream.interest_changed(account)
 
     def remove_connection(self, client) -> None:
         if self.clients.pop(client.cid, None) is not None:
@@ -447,6 +457,8 @@ class Server:
             info["connect_urls"] = urls
         if self.cluster is not None:
             info["cluster"] = self.cluster.name
+        if self.jetstream is not None:
+            info["jetstream"] = True
         return info
 
     def client_info_line(self, client: Client, connect_info: bool = False,
@@ -521,7 +533,7 @@ class Server:
             "leaf": {},
             "mqtt": {},
             "websocket": {},
-            "jetstream": {},
+            "jetstream": self.jetstream.varz() if self.jetstream is not None else {},
             "tls_timeout": 2,
             "write_deadline": int(opts.write_deadline * 1e9),
             "start": _rfc3339(self.start_time),

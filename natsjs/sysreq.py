@@ -22,7 +22,7 @@ def _server_info(server) -> dict:
         "host": server.opts.host,
         "id": server.server_id,
         "ver": NATS_VERSION,
-        "jetstream": False,
+        "jetstream": server.jetstream is not None,
         "flags": 0,
         "seq": server._sys_seq,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z",

@@ -235,17 +235,17 @@ def test_jetstream_clustering_documentation_configs_load(tmp_path, text):
     assert opts.cluster.routes == ("nats-route://host_b:6222", "nats-route://host_c:6222")
 
 
-def test_jetstream_request_is_warned_about_not_refused(tmp_path):
+def test_jetstream_enabled_by_flags_and_config(tmp_path):
     conf = write(tmp_path / "js.conf", "jetstream { store_dir: %s }\n" % (tmp_path / "js"))
     for args in (["-js", "-sd", str(tmp_path / "js")], ["-c", conf]):
         s = start_natsjs(*args)
         try:
-            s.wait_for(__import__("re").compile(rb"\[WRN\] JetStream was requested"))
+            s.wait_for(__import__("re").compile(rb"Store Directory: .*js/jetstream"))
 
             async def main():
                 nc = await nats.connect(s.url, allow_reconnect=False)
-                with pytest.raises(nats.errors.NoRespondersError):
-                    await nc.request("$JS.API.INFO", b"", timeout=TIMEOUT)
+                resp = await nc.request("$JS.API.INFO", b"", timeout=TIMEOUT)
+                assert b"account_info_response" in resp.data
                 await nc.close()
             run(main())
         finally:

@@ -403,28 +403,25 @@ class Api:
         return names
 
     def stream_names(self, jsa, body: bytes) -> dict:
-        rtype = "stream_names_response"
-        try:
-            req = self._decode(body, NAMES_REQUEST)
-        except ApiError as err:
-            return self._err(rtype, err)
-        names = self._names_filter(jsa, req.get("subject", ""))
-        offset = max(req.get("offset", 0), 0)
-        page = names[offset:offset + NAMES_LIMIT]
-        return {"type": T + rtype, "total": len(names), "offset": offset,
-                "limit": NAMES_LIMIT, "streams": page or None}
+        out = self._stream_page(jsa, body, "stream_names_response", NAMES_LIMIT,
+                                lambda s: s.name)
+        if "streams" in out and not out["streams"]:
+            out["streams"] = None
+        return out
 
     def stream_list(self, jsa, body: bytes) -> dict:
-        rtype = "stream_list_response"
+        return self._stream_page(jsa, body, "stream_list_response", LIST_LIMIT,
+                                 lambda s: s.info())
+
+    def _stream_page(self, jsa, body: bytes, rtype: str, limit: int, render) -> dict:
         try:
             req = self._decode(body, NAMES_REQUEST)
         except ApiError as err:
             return self._err(rtype, err)
         names = self._names_filter(jsa, req.get("subject", ""))
         offset = max(req.get("offset", 0), 0)
-        page = names[offset:offset + LIST_LIMIT]
-        return {"type": T + rtype, "total": len(names), "offset": offset, "limit": LIST_LIMIT,
-                "streams": [jsa.streams[n].info() for n in page]}
+        return {"type": T + rtype, "total": len(names), "offset": offset, "limit": limit,
+                "streams": [render(jsa.streams[n]) for n in names[offset:offset + limit]]}
 
     def msg_get(self, jsa, name: str, body: bytes) -> dict:
         rtype = "stream_msg_get_response"
@@ -675,19 +672,15 @@ class Api:
         return out
 
     def consumer_names(self, jsa, stream_name: str, body: bytes) -> dict:
-        rtype = "consumer_names_response"
-        try:
-            req = self._decode(body, PAGED_REQUEST)
-            stream = self._stream(jsa, stream_name)
-        except ApiError as err:
-            return self._err(rtype, err)
-        names = sorted(stream.consumers)
-        offset = max(req.get("offset", 0), 0)
-        return {"type": T + rtype, "total": len(names), "offset": offset, "limit": NAMES_LIMIT,
-                "consumers": names[offset:offset + NAMES_LIMIT]}
+        return self._consumer_page(jsa, stream_name, body, "consumer_names_response",
+                                   NAMES_LIMIT, lambda c: c.name)
 
     def consumer_list(self, jsa, stream_name: str, body: bytes) -> dict:
-        rtype = "consumer_list_response"
+        return self._consumer_page(jsa, stream_name, body, "consumer_list_response",
+                                   LIST_LIMIT, lambda c: c.info())
+
+    def _consumer_page(self, jsa, stream_name: str, body: bytes, rtype: str, limit: int,
+                       render) -> dict:
         try:
             req = self._decode(body, PAGED_REQUEST)
             stream = self._stream(jsa, stream_name)
@@ -695,8 +688,8 @@ class Api:
             return self._err(rtype, err)
         names = sorted(stream.consumers)
         offset = max(req.get("offset", 0), 0)
-        return {"type": T + rtype, "total": len(names), "offset": offset, "limit": LIST_LIMIT,
-                "consumers": [stream.consumers[n].info() for n in names[offset:offset + LIST_LIMIT]]}
+        return {"type": T + rtype, "total": len(names), "offset": offset, "limit": limit,
+                "consumers": [render(stream.consumers[n]) for n in names[offset:offset + limit]]}
 
 
 def _same_config(a: dict, b: dict) -> bool:

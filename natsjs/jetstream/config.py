@@ -81,18 +81,27 @@ def _enabled_word(value: str) -> bool:
     raise ValueError("Expected 'enabled' or 'disabled' for string value, got '%s'" % value)
 
 
+def _switch_or_map(value, kind):
+    """``jetstream`` may be a bool, ``enabled``/``disabled`` or a map: the options for
+    the first two, None for a map (its keys are parsed by the caller)."""
+    if isinstance(value, bool):
+        return kind(enabled=value)
+    if isinstance(value, str):
+        return kind(enabled=_enabled_word(value))
+    if not isinstance(value, dict):
+        raise ValueError("Expected map, bool or string to define JetStream, got %s"
+                         % type(value).__name__)
+    return None
+
+
 def parse_jetstream(value, parse_size, parse_duration, unknown) -> JetStreamOptions:
     """``jetstream: enabled`` / ``true`` / ``{ store_dir: ..., ... }``.
 
     ``unknown(mapping, key)`` raises the config format's unknown-field error.
     """
-    if isinstance(value, bool):
-        return JetStreamOptions(enabled=value)
-    if isinstance(value, str):
-        return JetStreamOptions(enabled=_enabled_word(value))
-    if not isinstance(value, dict):
-        raise ValueError("Expected map, bool or string to define JetStream, got %s"
-                         % type(value).__name__)
+    simple = _switch_or_map(value, JetStreamOptions)
+    if simple is not None:
+        return simple
     kw: dict = {}
     for key, v in value.items():
         k = key.lower()
@@ -156,13 +165,9 @@ def _parse_limits(value, parse_duration, unknown) -> ServerJSLimits:
 
 def parse_account_jetstream(value, parse_size, unknown) -> AccountJSLimits:
     """An account's ``jetstream: enabled`` or ``jetstream { max_memory: 1G, ... }``."""
-    if isinstance(value, bool):
-        return AccountJSLimits(enabled=value)
-    if isinstance(value, str):
-        return AccountJSLimits(enabled=_enabled_word(value))
-    if not isinstance(value, dict):
-        raise ValueError("Expected map, bool or string to define JetStream, got %s"
-                         % type(value).__name__)
+    simple = _switch_or_map(value, AccountJSLimits)
+    if simple is not None:
+        return simple
     kw: dict = {}
     for key, v in value.items():
         k = key.lower()

@@ -11,10 +11,12 @@ import copy
 import re
 
 from natsjs.jetstream.errors import ApiError
-from natsjs.jetstream.schema import MAPOF_STRING, Enum, ListOf, Struct
+from natsjs.jetstream.schema import (MAPOF_STRING, Enum, ListOf, Struct, is_empty, merged,
+                                     zero_values)
 from natsjs.jetstream.streamcfg import (MAX_DESCRIPTION_LEN, MAX_METADATA_LEN, MAX_NAME_LEN,
-                                       NS, REQ_LEVEL_KEY, LEVEL_KEY, VERSION_KEY, API_LEVEL,
-                                       go_duration, valid_asset_name)
+                                       NS, go_duration, valid_asset_name,
+                                       with_dynamic_metadata)
+from natsjs.jetstream.streamcfg import set_static_metadata as _set_static_metadata
 from natsjs.jetstream.subjects import (is_literal, subjects_collide, subset_match,
                                        valid_subject)
 
@@ -79,31 +81,18 @@ CREATE_CONSUMER_REQUEST = Struct("CreateConsumerRequest", {
 
 _ENUM_DEFAULTS = {"deliver_policy": "all", "ack_policy": "none", "replay_policy": "instant",
                   "priority_policy": "none"}
-_ZERO = {"string": "", "bool": False, "int": 0, "uint64": 0, "duration": 0}
-# Fields Go's encoder leaves out when zero (everything but the policies and replicas).
+# Fields Go's encoder writes even when zero (the rest are ``omitempty``).
 _ALWAYS = frozenset(("deliver_policy", "ack_policy", "replay_policy", "num_replicas"))
 
 _GROUP_NAME = re.compile(r"^[a-zA-Z0-9/_=-]{1,16}$")
 
 
 def blank_config() -> dict:
-    out = {}
-    for name, t in CONSUMER_CONFIG_FIELDS.items():
-        if name in _ENUM_DEFAULTS:
-            out[name] = _ENUM_DEFAULTS[name]
-        elif isinstance(t, str):
-            out[name] = _ZERO[t]
-        else:
-            out[name] = None
-    return out
+    return zero_values(CONSUMER_CONFIG_FIELDS, _ENUM_DEFAULTS)
 
 
 def from_request(req: dict) -> dict:
-    cfg = blank_config()
-    for k, v in req.items():
-        if k in cfg:
-            cfg[k] = v
-    return cfg
+    return merged(blank_config(), req)
 
 
 def config_json(cfg: dict) -> dict:
@@ -112,11 +101,8 @@ def config_json(cfg: dict) -> dict:
         if k == "priority_policy":
             if v and v != "none":
                 out[k] = v
-            continue
-        if k not in _ALWAYS and (v is None or v == "" or v == 0 or v is False or v == []
-                                 or v == {}):
-            continue
-        out[k] = v
+        elif k in _ALWAYS or not is_empty(v):
+            out[k] = v
     return out
 
 
@@ -143,19 +129,7 @@ def required_api_level(cfg: dict) -> int:
 
 
 def set_static_metadata(cfg: dict) -> None:
-    md = {k: v for k, v in (cfg.get("metadata") or {}).items()
-          if k not in (VERSION_KEY, LEVEL_KEY)}
-    md[REQ_LEVEL_KEY] = str(required_api_level(cfg))
-    cfg["metadata"] = md
-
-
-def with_dynamic_metadata(cfg: dict, version: str) -> dict:
-    out = dict(cfg)
-    md = dict(cfg.get("metadata") or {})
-    md[VERSION_KEY] = version
-    md[LEVEL_KEY] = str(API_LEVEL)
-    out["metadata"] = md
-    return out
+    _set_static_metadata(cfg, required_api_level)
 
 
 def _pedantic(text: str) -> ApiError:

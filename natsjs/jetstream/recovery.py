@@ -25,18 +25,10 @@ async def recover_streams(js, jsa, sdir: str) -> None:
     log = js.server.log
     for name in sorted(os.listdir(sdir)):
         path = os.path.join(sdir, name)
-        meta = os.path.join(path, META)
-        if not os.path.isfile(meta):
-            log.warn("  Missing stream metafile for %r", meta)
+        got = _read_meta(log, path, SC.blank_config, "  ", "stream ")
+        if got is None:
             continue
-        try:
-            d = read_json(meta)
-            cfg = SC.blank_config()
-            cfg.update(d["config"])
-            created = int(d["created"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warn("  Error reading metafile %r: %s", meta, exc)
-            continue
+        cfg, created = got
         log.info("  Starting restore for stream '%s > %s'", jsa.name, cfg["name"])
         try:
             store = await trio.to_thread.run_sync(open_message_log, os.path.join(path, MSGS), cfg)
@@ -65,18 +57,10 @@ def _recover_consumers(js, jsa, stream, odir: str) -> None:
                  stream.name)
     for name in names:
         d = os.path.join(odir, name)
-        meta = os.path.join(d, META)
-        if not os.path.isfile(meta):
-            log.warn("    Missing consumer metafile %r", meta)
+        got = _read_meta(log, d, CC.blank_config, "    ", "consumer ")
+        if got is None:
             continue
-        try:
-            m = read_json(meta)
-            cfg = CC.blank_config()
-            cfg.update(m["config"])
-            created = int(m["created"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warn("    Error reading consumer metafile %r: %s", meta, exc)
-            continue
+        cfg, created = got
         try:
             cstore = FileConsumerStore(d)
             state = cstore.load()
@@ -86,6 +70,23 @@ def _recover_consumers(js, jsa, stream, odir: str) -> None:
             continue
         c = Consumer(stream, cfg, name, created, cstore, state)
         stream.consumers[name] = c
+
+
+def _read_meta(log, path: str, blank, indent: str, what: str):
+    """A stream's or consumer's (config, created) from its meta file; None, reported,
+    when it is missing or unreadable (the directory is left as it is)."""
+    meta = os.path.join(path, META)
+    if not os.path.isfile(meta):
+        log.warn("%sMissing %smetafile %r", indent, what, meta)
+        return None
+    try:
+        d = read_json(meta)
+        cfg = blank()
+        cfg.update(d["config"])
+        return cfg, int(d["created"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warn("%sError reading %smetafile %r: %s", indent, what, meta, exc)
+        return None
 
 
 def _log_recovery(log, acc: str, name: str, report: dict) -> None:

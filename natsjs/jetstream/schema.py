@@ -216,3 +216,36 @@ def _go_quote(s: str) -> str:
 
 
 MAPOF_STRING = MapOf("string")
+
+
+_ZERO = {"string": "", "bool": False, "int": 0, "int32": 0, "int64": 0, "uint64": 0,
+         "duration": 0, "float64": 0.0}
+
+
+def zero_values(fields: dict, enum_defaults: dict, struct_defaults: dict | None = None) -> dict:
+    """A configuration dict with every field at Go's zero value (enums at their first
+    value, nested structs absent unless given)."""
+    out = {}
+    for name, t in fields.items():
+        if name in enum_defaults:
+            out[name] = enum_defaults[name]
+        elif struct_defaults and name in struct_defaults:
+            out[name] = struct_defaults[name]()
+        elif isinstance(t, str) and t in _ZERO:
+            out[name] = _ZERO[t]
+        else:
+            out[name] = None
+    return out
+
+
+def merged(blank: dict, req: dict) -> dict:
+    """``blank`` with the known fields of a decoded request filled in."""
+    for k, v in req.items():
+        if k in blank:
+            blank[k] = v
+    return blank
+
+
+def is_empty(v) -> bool:
+    """What Go's encoder treats as empty for ``omitempty``."""
+    return v is None or v == "" or v == 0 or v is False or v == [] or v == {}

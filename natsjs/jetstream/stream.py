@@ -640,12 +640,9 @@ class Stream:
         body = msg[hdr:] if hdr and hdr > 0 else msg
         if not body:
             return self._status(reply, 408, "Empty Request")
-        try:
-            req = json.loads(body)
-            if not isinstance(req, dict):
-                raise ValueError
-        except ValueError:
-            return self._status(reply, 408, "Malformed Request")
+        req = self._direct_request(reply, body)
+        if req is None:
+            return
         seq = req.get("seq") or 0
         last_for = req.get("last_by_subj") or ""
         next_for = req.get("next_by_subj") or ""
@@ -664,14 +661,9 @@ class Stream:
         if not reply:
             return
         body = msg[hdr:] if hdr and hdr > 0 else msg
-        req = {}
-        if body:
-            try:
-                req = json.loads(body)
-                if not isinstance(req, dict):
-                    raise ValueError
-            except ValueError:
-                return self._status(reply, 408, "Malformed Request")
+        req = self._direct_request(reply, body) if body else {}
+        if req is None:
+            return
         parts = subject.split(b".", 5)
         key = parts[5] if len(parts) == 6 else b""
         if not key:
@@ -681,6 +673,17 @@ class Stream:
             return self._status(reply, 408, "Bad Request")
         req["last_by_subj"] = key.decode("utf-8", "replace")
         self.direct_get(req, reply)
+
+    def _direct_request(self, reply: bytes, body: bytes) -> dict | None:
+        """The JSON object of a direct get, or None after answering 408 for bad JSON."""
+        try:
+            req = json.loads(body)
+            if isinstance(req, dict):
+                return req
+        except ValueError:
+            pass
+        self._status(reply, 408, "Malformed Request")
+        return None
 
     def _status(self, reply: bytes, code: int, text: str) -> None:
         h = H.make(code, text)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import copy
 
 from natsjs.jetstream.errors import ApiError
-from natsjs.jetstream.schema import MAPOF_STRING, Enum, ListOf, MapOf, RAW, Struct
+from natsjs.jetstream.schema import (MAPOF_STRING, RAW, Enum, ListOf, MapOf, Struct,
+                                     is_empty, merged, zero_values)
 from natsjs.jetstream.subjects import (is_literal, subjects_collide, subset_match,
                                        valid_publish_subject, valid_subject)
 
@@ -90,9 +91,7 @@ STREAM_CONFIG_REQUEST = Struct("StreamConfigRequest",
                                {**STREAM_CONFIG_FIELDS, "pedantic": "bool"})
 STREAM_CONFIG = Struct("StreamConfig", STREAM_CONFIG_FIELDS)
 
-# Go zero values, and which fields the encoder leaves out when zero.
-_ZERO = {"string": "", "bool": False, "int": 0, "int32": 0, "int64": 0, "uint64": 0,
-         "duration": 0}
+# Which fields the encoder leaves out when empty.
 OMITEMPTY = frozenset((
     "description", "subjects", "max_msg_size", "no_ack", "duplicate_window", "placement",
     "mirror", "sources", "first_seq", "subject_transform", "republish",
@@ -104,38 +103,17 @@ _ENUM_DEFAULTS = {"retention": "limits", "discard": "old", "storage": "file",
 
 def blank_config() -> dict:
     """Every field at Go's zero value (enums at their first value)."""
-    out = {}
-    for name, t in STREAM_CONFIG_FIELDS.items():
-        if name in _ENUM_DEFAULTS:
-            out[name] = _ENUM_DEFAULTS[name]
-        elif isinstance(t, str):
-            out[name] = _ZERO[t]
-        elif name == "consumer_limits":
-            out[name] = {}
-        else:
-            out[name] = None
-    return out
+    return zero_values(STREAM_CONFIG_FIELDS, _ENUM_DEFAULTS, {"consumer_limits": dict})
 
 
 def from_request(req: dict) -> dict:
-    cfg = blank_config()
-    for k, v in req.items():
-        if k in cfg:
-            cfg[k] = v
-    return cfg
+    return merged(blank_config(), req)
 
 
 def config_json(cfg: dict) -> dict:
     """The configuration as nats-server's encoder writes it."""
-    out = {}
-    for k, v in cfg.items():
-        if k in OMITEMPTY and (v is None or v == "" or v == 0 or v is False or v == []
-                               or v == {}):
-            continue
-        if v is None:
-            continue
-        out[k] = v
-    return out
+    return {k: v for k, v in cfg.items()
+            if v is not None and not (k in OMITEMPTY and is_empty(v))}
 
 
 def valid_asset_name(name: str) -> bool:
@@ -161,10 +139,11 @@ def required_api_level(cfg: dict) -> int:
     return level
 
 
-def set_static_metadata(cfg: dict) -> None:
+def set_static_metadata(cfg: dict, level=None) -> None:
+    """The API level an asset needs, in its metadata (the server's own keys dropped)."""
     md = {k: v for k, v in (cfg.get("metadata") or {}).items()
           if k not in (VERSION_KEY, LEVEL_KEY)}
-    md[REQ_LEVEL_KEY] = str(required_api_level(cfg))
+    md[REQ_LEVEL_KEY] = str((level or required_api_level)(cfg))
     cfg["metadata"] = md
 
 
