@@ -144,6 +144,20 @@ class JsAccount:
             return ApiError.of("JSInsufficientResourcesErr")
         return None
 
+    def storage_budget(self, stream) -> int:
+        """Bytes ``stream`` may add before a limit needs a closer look (computed once
+        per batch; ``check_storage`` decides when a message would not fit)."""
+        lim = self.limits
+        is_mem = stream.cfg["storage"] == "memory"
+        js = self.js
+        budget = (js.max_memory - js.memory_used()) if is_mem else \
+            (js.max_store - js.store_used())
+        cap = lim.max_memory if is_mem else lim.max_store
+        if cap >= 0:
+            mem, store = self.usage()
+            budget = min(budget, cap - (mem if is_mem else store))
+        return budget
+
     def check_new_stream(self, cfg: dict, existing=None):
         """Limits on creating (or growing) a stream: count, reserved bytes."""
         lim = self.limits

@@ -80,6 +80,8 @@ class Stream:
         self._scope = trio.CancelScope()
         self._expire_wake = trio.lowlevel.ParkingLot()
         self._expire_idle = False
+        self._budget = 0
+        self._batch_ts = 0
         # Duplicate window: msg id -> (seq, ts), oldest first.
         self._ddmap: dict[str, tuple[int, int]] = {}
         self._ddq: collections.deque = collections.deque()
@@ -236,6 +238,8 @@ class Stream:
             self._inbox = []
             self._inbox_bytes = 0
             before = store.last_seq
+            self._budget = self.jsa.storage_budget(self)
+            self._batch_ts = now_ns()
             replies = []
             for subject, reply, hdr, msg in batch:
                 try:
@@ -298,12 +302,16 @@ class Stream:
                                       self.jsa.name, self.name, exc)
 
     def _send_replies(self, replies: list) -> None:
+        """Every reply of the batch through one publisher: each connection is
+        written once for the whole batch."""
         if not replies:
             return
-        deliver = self.server.deliver
-        acc = self.jsa.account
-        for reply, out in replies:
-            deliver(acc, reply, None, out)
+        pub = self.js.publisher(self.jsa.account)
+        try:
+            for reply, out in replies:
+                pub(reply, None, out)
+        finally:
+            pub.done()
 
     def _signal_consumers(self) -> None:
         for c in self.consumers.values():
@@ -403,11 +411,14 @@ class Stream:
         if hlen > MAX_HDR_SIZE:
             return ApiError.of("JSStreamHeaderExceedsMaximumErr")
         size = self.msg_size(subject, hdr, msg)
-        err = self.jsa.check_storage(self, size)
-        if err is not None:
-            return err
+        if size > self._budget:
+            err = self.jsa.check_storage(self, size)
+            if err is not None:
+                return err
+        self._budget -= size
         if not ts:
-            ts = now_ns()
+            # One clock read per batch: stored times stay in sequence order.
+            ts = self._batch_ts
         if cfg["retention"] == "interest" and not self._has_interest(subject):
             # Nobody would ever consume it: the sequence is used, nothing is kept
             # (server/stream.go noInterest -> SkipMsg).
