@@ -58,7 +58,8 @@ def ephemeral_name() -> str:
 
 
 class PullRequest:
-    __slots__ = ("reply", "n", "b", "no_wait", "expires", "hb", "hbt", "d", "max_bytes_set")
+    __slots__ = ("reply", "n", "b", "no_wait", "expires", "hb", "hbt", "d", "max_bytes_set",
+                 "seen")
 
     def __init__(self, reply, n, b, no_wait, expires, hb):
         self.reply = reply
@@ -70,6 +71,7 @@ class PullRequest:
         self.hb = hb                    # seconds, 0 for none
         self.hbt = trio.current_time() + hb if hb else 0.0
         self.d = 0
+        self.seen = False      # interest in the reply subject checked once
 
 
 class Consumer:
@@ -112,6 +114,7 @@ class Consumer:
         self.paused_until = _pause_ns(cfg)
         self._npc = None                    # num pending cache, valid through _npf
         self._npf = 0
+        self._now = 0                       # the clock, read once per delivery burst
         if cfg["deliver_policy"] == "last_per_subject" and state.dseq == 1:
             self._setup_lss()
 
@@ -343,6 +346,7 @@ class Consumer:
         delivered = 0
         acc = self.stream.jsa.account
         pub = self.js.publisher(acc)
+        self._now = now_ns()
         try:
             while delivered < DELIVER_BURST:
                 if not self.push and not self.waiting:
@@ -461,7 +465,7 @@ class Consumer:
             pub(dsubj, reply, hdr + msg, len(hdr), subj)
         else:
             pub(dsubj, reply, msg, -1, subj)
-        self._ldt = now_ns()
+        self._ldt = now = self._now
         size = len(subj) + len(reply) + len(hdr or b"") + len(msg)
         if self.push and self.cfg["flow_control"]:
             self._pbytes += size
@@ -475,10 +479,10 @@ class Consumer:
         else:
             p = st.pending.get(seq)
             if p is None:
-                st.pending[seq] = [dseq, now_ns()]
+                st.pending[seq] = [dseq, now]
             else:
                 # A redelivery keeps the original delivery sequence (trackPending).
-                p[1] = now_ns()
+                p[1] = now
             self._state_changed = True
         if dc > 1 and self.cfg["max_deliver"] > 0 and dc == self.cfg["max_deliver"]:
             pass   # the advisory goes out when its ack wait expires without an ack
@@ -546,9 +550,11 @@ class Consumer:
                     self._status(wr.reply, 409, "Message Size Exceeds MaxBytes",
                                  [(H.PENDING_MESSAGES, wr.n), (H.PENDING_BYTES, wr.b)])
                     continue
-            if not acc.sublist.match(wr.reply):
-                self.waiting.popleft()
-                continue
+            if not wr.seen:
+                if not acc.sublist.match(wr.reply):
+                    self.waiting.popleft()
+                    continue
+                wr.seen = True
             return wr
         return None
 
