@@ -82,6 +82,7 @@ class Stream:
         self._expire_idle = False
         self._budget = 0
         self._batch_ts = 0
+        self._plain = self._plain_config()
         # Duplicate window: msg id -> (seq, ts), oldest first.
         self._ddmap: dict[str, tuple[int, int]] = {}
         self._ddq: collections.deque = collections.deque()
@@ -336,7 +337,24 @@ class Stream:
             return self._error_reply(out) if respond else None
         return out if respond else None
 
+    def _plain_config(self) -> bool:
+        """True when a message without headers needs nothing but an append: no limits,
+        no seal, no interest tracking, no republish (the common stream)."""
+        c = self.cfg
+        return (not c["sealed"] and c["retention"] == "limits" and c["max_msg_size"] < 0
+                and c["max_msgs"] <= 0 and c["max_bytes"] <= 0
+                and c["max_msgs_per_subject"] <= 0 and not c["republish"])
+
     def _process(self, subject: bytes, hdr: bytes | None, msg: bytes, ts: int):
+        if hdr is None and self._plain:
+            # The fast path: the checks below would all pass.
+            size = self.msg_size(subject, None, msg)
+            if size <= self._budget:
+                self._budget -= size
+                seq = self.store.append(subject, None, msg, ts or self._batch_ts)
+                self.lseq = seq
+                self.lmsgid = ""
+                return self._pub_ack_prefix + b"%d}" % seq
         cfg = self.cfg
         store = self.store
         if cfg["sealed"]:
@@ -880,6 +898,7 @@ class Stream:
         """Apply an accepted update (the checks were done by the API)."""
         old = self.cfg
         self.cfg = cfg
+        self._plain = self._plain_config()
         if old["subjects"] != cfg["subjects"]:
             acc = self.jsa.account
             for sub in self._subs:
