@@ -776,6 +776,38 @@ def test_sync_from_a_worker_thread_while_appending(fopener):
     assert log.msgs == 20000 and log.load(12345) == (b"t.4", None, b"12345" * 8, 12345)
 
 
+def test_failed_sync_rewrites_everything_unsynced(fopener):
+    log = fopener(block_size=1 << 20)
+    fill(log, 10)
+    s = log.begin_sync()
+    s.run()
+    assert log.mark_synced(s) and log.synced_seq == 10
+    blk = block_files(fopener.path)[0]
+    durable = blk.stat().st_size
+    fill(log, 10, start_ts=10)
+    s1 = log.begin_sync()
+    assert blk.stat().st_size > durable
+    fill(log, 5, start_ts=20)
+    s2 = log.begin_sync()
+    s2.run()
+    # fdatasync failed for s1: the kernel may have dropped those pages.  Model the worst
+    # case by zeroing them in the file.
+    with open(blk, "r+b") as fh:
+        fh.seek(durable)
+        fh.write(b"\0" * (blk.stat().st_size - durable))
+    s1._simulate_failure(errno.EIO)
+    assert log.mark_synced(s1) is False
+    assert log.mark_synced(s2) is False  # began before the failure was seen
+    assert log.synced_seq == 10
+    assert log.load(15) == (b"s.1", None, b"payload-4", 14)
+    s3 = log.begin_sync()
+    s3.run()
+    assert log.mark_synced(s3) and log.synced_seq == 25
+    log = fopener.reopen(log)
+    assert log.recovery["corrupt"] == [] and log.recovery["truncated_bytes"] == 0
+    assert log.msgs == 25 and log.load(15) == (b"s.1", None, b"payload-4", 14)
+
+
 def test_mark_synced_needs_a_finished_sync(opener):
     log = opener()
     log.append(b"a", None, b"x", 1)

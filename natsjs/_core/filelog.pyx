@@ -449,6 +449,16 @@ cdef class Sync:
         if err:
             raise OSError(err, os.strerror(err))
 
+    def _simulate_failure(self, int err=EIO):
+        """Tests only: end this Sync as if fdatasync had failed with err."""
+        cdef int i
+        if self.state != SYNC_READY:
+            return
+        for i in range(self.nfds):
+            close(self.fds[i])
+        self.err = err
+        self.state = SYNC_FAILED
+
     @property
     def done(self):
         return self.state != SYNC_READY
