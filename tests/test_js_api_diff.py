@@ -61,6 +61,13 @@ async def add_consumer(s, stream: str, name: str | None = None, note: str | None
     return await api(s, subject, {"stream_name": stream, "config": cfg}, note=note)
 
 
+async def consumer_action(s, stream: str, name: str, action: str, note: str, **cfg):
+    """CONSUMER.CREATE.<stream>.<name> with an ``action`` (create, update, or a bad one)."""
+    return await api(s, "CONSUMER.CREATE.%s.%s" % (stream, name),
+                     {"stream_name": stream, "action": action,
+                      "config": {"durable_name": name, **cfg}}, note=note)
+
+
 async def stream_with(s, name: str, subject: str, count: int, **cfg):
     """A stream on ``subject`` holding ``count`` messages b"0", b"1", ..."""
     await add_stream(s, name, subjects=[subject], **cfg)
@@ -186,13 +193,14 @@ async def stream_create_bad_json(s):
         (b'{"name":"BAD","max_msgs":1.5}', "a fraction"),
         (b'{"name":"BAD","max_age":"1h"}', "duration as a string"),
         (b'{"name":"BAD","max_msg_size":5000000000}', "int32 overflow"),
-        (b'{"name":"BAD","num_replicas":null}', "null"),
+        (b'{"name":"BAD","num_replicas":null}', "null (taken: this creates BAD)"),
         (b'{"name":"BAD","sealed":"yes"}', "bool as a string"),
         (b'{"name":"BAD","retention":"forever"}', "unknown retention"),
         (b'{"name":"BAD","storage":"disk"}', "unknown storage"),
         (b'{"name":"BAD","discard":"newest"}', "unknown discard"),
         (b'{"name":"BAD","compression":"gzip"}', "unknown compression"),
-        (b'{"name":"BAD","Retention":"interest"}', "field name in another case"),
+        (b'{"name":"BAD","Retention":"interest"}',
+         "field name in another case (a different config than BAD's now)"),
         (b'{"name":"BAD","subjects":["bad"]} trailing', "trailing bytes"),
     ]:
         await s.request(subject, body, note=note)
@@ -223,11 +231,17 @@ async def stream_create_subject_conflicts(s):
     await add_stream(s, "E", subjects=["baz", "baz"], note="duplicate within the stream")
     await add_stream(s, "F", subjects=["q.*", "q.>"], note="overlapping within the stream")
     await add_stream(s, "CNA", subjects=[">"], no_ack=True, note="everything, without acks")
+    # A stream that is created is deleted at once: one on _INBOX.> or $JS.API.> would
+    # store the replies and requests of the steps after it. ($JS.EVENT.METRIC.> rather
+    # than $JS.EVENT.>: the latter may or may not catch the stream's own create
+    # advisory before the reply is made.)
     for i, subj in enumerate(["$JS.API.>", "$JS.API.STREAM.INFO.X", "$JS.>", "$JSC.>",
                               "$SYS.>", "$NRG.>", "_INBOX.>", "$JS.ACK.>", "$KV.x.>",
-                              "$JS.EVENT.>", "*.API.>", "$JS.API.>"]):
-        await add_stream(s, "R%d" % i, subjects=[subj], no_ack=(i == 11),
-                         note="reserved? %s" % subj + (" (no_ack)" if i == 11 else ""))
+                              "$JS.EVENT.METRIC.>", "*.API.>", "$JS.API.>"]):
+        r = await add_stream(s, "R%d" % i, subjects=[subj], no_ack=(i == 11),
+                             note="reserved? %s" % subj + (" (no_ack)" if i == 11 else ""))
+        if r is not None and isinstance(r.json, dict) and "error" not in r.json:
+            await api(s, "STREAM.DELETE.R%d" % i)
     for i, subj in enumerate(["a..b", "a.", ".a", "a b", "*.>.x", "", "a.>.>"]):
         await add_stream(s, "V%d" % i, subjects=[subj], note="invalid subject %r" % subj)
 
@@ -301,29 +315,39 @@ async def stream_info(s):
 
 @scenario
 async def stream_update(s):
-    """Changes STREAM.UPDATE takes and the ones it refuses."""
+    """Changes STREAM.UPDATE takes and the ones it refuses. Each update sends the config
+    as last accepted plus one change, as a client editing a stream would."""
     await add_stream(s, "U", subjects=["u.*"], max_msgs=100)
-    update = lambda note, **cfg: api(s, "STREAM.UPDATE.U",      # noqa: E731
-                                     {"name": "U", "subjects": ["u.*"], **cfg}, note=note)
+    base = {"name": "U", "subjects": ["u.*"], "max_msgs": 100}
+
+    async def update(note, **change):
+        r = await api(s, "STREAM.UPDATE.U", {**base, **change}, note=note)
+        if r is not None and isinstance(r.json, dict) and "error" not in r.json:
+            base.update(change)
+
     await update("description and limits", description="updated", max_msgs=5, max_bytes=4096,
                  max_age=60 * 10**9, max_msgs_per_subject=2, discard="new",
                  duplicate_window=10 * 10**9)
-    await api(s, "STREAM.UPDATE.U", {"name": "U", "subjects": ["u.*", "v"]},
-              note="add a subject (and drop the limits)")
+    await update("add a subject", subjects=["u.*", "v"])
+    await api(s, "STREAM.UPDATE.U", {"name": "U", "subjects": ["u.*"]},
+              note="only name and subjects: everything else back to defaults")
+    base = {"name": "U", "subjects": ["u.*"]}
     await update("storage", storage="memory")
     await update("retention to workqueue", retention="workqueue")
     await update("retention to interest", retention="interest")
     await update("replicas", num_replicas=3)
-    await update("allow_msg_ttl on", allow_msg_ttl=True)
-    await update("allow_msg_ttl off again", allow_msg_ttl=False)
-    await update("deny_delete", deny_delete=True)
-    await update("deny_purge", deny_purge=True)
+    await update("max_consumers", max_consumers=5)
     await update("allow_direct and rollup", allow_direct=True, allow_rollup_hdrs=True)
     await update("first_seq", first_seq=10)
     await update("compression", compression="s2")
-    await update("max_consumers", max_consumers=5)
+    await update("metadata", metadata={"k": "v"})
     await update("mirror", mirror={"name": "X"})
-    await update("template owner-ish metadata", metadata={"k": "v"})
+    await update("deny_delete", deny_delete=True)
+    await update("deny_delete off again", deny_delete=False)
+    await update("deny_purge", deny_purge=True)
+    await update("deny_purge off again", deny_purge=False)
+    await update("allow_msg_ttl on", allow_msg_ttl=True)
+    await update("allow_msg_ttl off again", allow_msg_ttl=False)
     await api(s, "STREAM.UPDATE.U", {"name": "V", "subjects": ["u.*"]}, note="other name")
     await api(s, "STREAM.UPDATE.NOPE", {"name": "NOPE"}, note="missing stream")
     await api(s, "STREAM.UPDATE.U", b"{", note="bad JSON")
@@ -332,6 +356,9 @@ async def stream_update(s):
     await update("sealed", sealed=True)
     await update("unseal", sealed=False)
     await api(s, "STREAM.INFO.U")
+    await pub(s, "u.1", b"sealed?", note="publish to a sealed stream")
+    await api(s, "STREAM.PURGE.U", note="purge a sealed stream")
+    await api(s, "STREAM.MSG.DELETE.U", {"seq": 1}, note="delete from a sealed stream")
 
 
 # -- STREAM.NAMES / STREAM.LIST ---------------------------------------------------------------
@@ -627,18 +654,11 @@ async def consumer_create_durable_pull(s):
     await add_consumer(s, "S", "C", ack_policy="explicit", note="same again")
     await add_consumer(s, "S", "C", ack_policy="explicit", max_deliver=3,
                        note="changed: an update")
-    await api(s, "CONSUMER.CREATE.S.C", {"stream_name": "S", "action": "create",
-                                         "config": {"durable_name": "C",
-                                                    "ack_policy": "explicit"}},
-              note="action create on an existing one with a different config")
-    await api(s, "CONSUMER.CREATE.S.C", {"stream_name": "S", "action": "create",
-                                         "config": {"durable_name": "C",
-                                                    "ack_policy": "explicit",
-                                                    "max_deliver": 3}},
-              note="action create with the same config")
-    await api(s, "CONSUMER.CREATE.S.NEW", {"stream_name": "S", "action": "update",
-                                           "config": {"durable_name": "NEW"}},
-              note="action update on a missing one")
+    await consumer_action(s, "S", "C", "create", ack_policy="explicit",
+                          note="action create on an existing one with a different config")
+    await consumer_action(s, "S", "C", "create", ack_policy="explicit", max_deliver=3,
+                          note="action create with the same config")
+    await consumer_action(s, "S", "NEW", "update", note="action update on a missing one")
     await api(s, "CONSUMER.DURABLE.CREATE.S.LEGACY",
               {"stream_name": "S", "config": {"durable_name": "LEGACY",
                                               "ack_policy": "explicit"}},
@@ -646,8 +666,9 @@ async def consumer_create_durable_pull(s):
     await api(s, "CONSUMER.CREATE.S.N2", {"stream_name": "S",
                                           "config": {"name": "N2", "ack_policy": "none"}},
               note="name instead of durable_name: not durable")
-    await api(s, "CONSUMER.CREATE.S.C", {"stream_name": "S", "config": {}},
+    await api(s, "CONSUMER.CREATE.S.SUBJ", {"stream_name": "S", "config": {}},
               note="name only in the subject")
+    await api(s, "CONSUMER.INFO.S.SUBJ")
     await api(s, "CONSUMER.INFO.S.N2")
 
 
@@ -846,6 +867,86 @@ async def consumer_limits_from_stream(s):
     await add_consumer(s, "L", "C", ack_policy="explicit", max_ack_pending=10)
     await add_consumer(s, "L", "D", ack_policy="explicit", note="third: max_consumers 2")
     await api(s, "CONSUMER.INFO.L.A")
+
+
+@scenario
+async def consumer_update(s):
+    """Changing a consumer: by creating it again with another config, and with action
+    update; what may change and what may not."""
+    await add_stream(s, "S", subjects=["s.*"])
+    await add_consumer(s, "S", "C", ack_policy="explicit", filter_subject="s.a")
+    update = lambda note, **cfg: consumer_action(                       # noqa: E731
+        s, "S", "C", "update", note, **{"ack_policy": "explicit", "filter_subject": "s.a",
+                                        **cfg})
+    await update("description, max_deliver, ack_wait, max_ack_pending",
+                 description="changed", max_deliver=5, ack_wait=10 * 10**9,
+                 max_ack_pending=10)
+    await update("filter subject", filter_subject="s.b")
+    await update("deliver policy", deliver_policy="new")
+    await update("ack policy", ack_policy="all")
+    await update("replay policy", replay_policy="original")
+    await update("push", deliver_subject="now.push")
+    await update("max_waiting", max_waiting=10)
+    await update("opt_start_seq", opt_start_seq=3)
+    await update("metadata", metadata={"k": "v"})
+    await api(s, "CONSUMER.INFO.S.C")
+    await add_consumer(s, "S", "P", deliver_subject="p.here")
+    await consumer_action(s, "S", "P", "update", note="push to pull")
+    await consumer_action(s, "S", "P", "update", deliver_subject="p.there",
+                          note="another deliver subject")
+    await consumer_action(s, "S", "P", "bogus", note="unknown action")
+
+
+@scenario
+async def consumer_pause(s):
+    """CONSUMER.PAUSE and how a paused consumer shows in its info."""
+    await add_stream(s, "S", subjects=["s"])
+    await add_consumer(s, "S", "C", ack_policy="explicit")
+    await api(s, "CONSUMER.PAUSE.S.C", {"pause_until": "2100-01-01T00:00:00Z"})
+    await api(s, "CONSUMER.INFO.S.C")
+    await pub(s, "s", b"x")
+    await pull(s, "S", "C", {"batch": 1, "no_wait": True}, 1, note="paused: nothing")
+    await api(s, "CONSUMER.PAUSE.S.C", {"pause_until": "2000-01-01T00:00:00Z"},
+              note="a time in the past resumes")
+    await api(s, "CONSUMER.PAUSE.S.C", None, note="no body resumes")
+    await pull(s, "S", "C", {"batch": 1, "no_wait": True}, 1, note="resumed")
+    await api(s, "CONSUMER.PAUSE.S.NOPE", {"pause_until": "2100-01-01T00:00:00Z"})
+    await api(s, "CONSUMER.PAUSE.S.C", b"{", note="bad JSON")
+
+
+@scenario
+async def retention_policies(s):
+    """Work queue and interest retention: which consumers they take, and when acked
+    messages go away."""
+    await stream_with(s, "WQ", "wq.a", 2, retention="workqueue")
+    await add_consumer(s, "WQ", "ONE", ack_policy="explicit")
+    await add_consumer(s, "WQ", "TWO", ack_policy="explicit",
+                       note="second unfiltered consumer on a work queue")
+    await add_consumer(s, "WQ", "NONE", ack_policy="none", filter_subject="wq.b",
+                       note="ack none on a work queue")
+    msgs = await pull(s, "WQ", "ONE", {"batch": 1, "no_wait": True}, 1)
+    if msgs:
+        await ack(s, msgs[0])
+    await api(s, "STREAM.INFO.WQ", note="the acked message is gone")
+    await add_consumer(s, "WQ", "DN", ack_policy="explicit", deliver_policy="new",
+                       note="a work queue consumer may not start at new?")
+    await api(s, "STREAM.CREATE.WQ2", {"name": "WQ2", "subjects": ["wq2.*"],
+                                       "retention": "workqueue"})
+    await add_consumer(s, "WQ2", "A", ack_policy="explicit", filter_subject="wq2.a")
+    await add_consumer(s, "WQ2", "B", ack_policy="explicit", filter_subject="wq2.b",
+                       note="disjoint filters are fine")
+    await add_consumer(s, "WQ2", "AB", ack_policy="explicit", filter_subject="wq2.*",
+                       note="overlapping filters are not")
+    await stream_with(s, "IN", "in", 2, retention="interest")
+    await api(s, "STREAM.INFO.IN", note="no consumers: nothing kept? (published before any)")
+    await add_consumer(s, "IN", "X", ack_policy="explicit")
+    await add_consumer(s, "IN", "Y", ack_policy="explicit")
+    await pub(s, "in", b"for two")
+    for name in ("X", "Y"):
+        got = await pull(s, "IN", name, {"batch": 1, "no_wait": True}, 1)
+        if got:
+            await ack(s, got[0])
+        await api(s, "STREAM.INFO.IN", note="after %s acked" % name)
 
 
 # -- CONSUMER.INFO / NAMES / LIST / DELETE ----------------------------------------------------

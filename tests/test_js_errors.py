@@ -26,7 +26,8 @@ SAMPLE = {
     "JSConsumerNameExistErr": (400, 10013, "consumer name already in use"),
     "JSNotEnabledErr": (503, 10076, "JetStream not enabled"),
     "JSStreamExternalDelPrefixOverlapsErrF": (
-        400, 10022, "stream external delivery prefix {prefix} overlaps with stream subject {subject}"),
+        400, 10022,
+        "stream external delivery prefix {prefix} overlaps with stream subject {subject}"),
     "JSClusterNotAvailErr": (503, 10008, "JetStream system temporarily unavailable"),
     "JSStreamInvalidConfigF": (500, 10052, "{err}"),
     "JSStreamWrongLastMsgIDErrF": (400, 10070, "wrong last msg ID: {id}"),
@@ -92,7 +93,8 @@ def test_substitution():
     assert ApiError.of("JSStreamCreateErrF", err=inner).description == "stream not found (10059)"
     # two placeholders; a value is not scanned again for placeholders
     e = ApiError.of("JSStreamExternalDelPrefixOverlapsErrF", prefix="x.{subject}", subject="x.>")
-    assert e.description == "stream external delivery prefix x.{subject} overlaps with stream subject x.>"
+    assert e.description == ("stream external delivery prefix x.{subject} overlaps with "
+                             "stream subject x.>")
 
 
 def test_unless_keeps_an_api_error():
