@@ -31,7 +31,8 @@ from natsjs.jetstream import headers as H
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, parse_go_duration, rfc3339_nano
 from natsjs.jetstream.streamcfg import config_json, with_dynamic_metadata
-from natsjs.jetstream.subjects import filter_matches, subject_matches
+from natsjs.jetstream.subjects import subject_matches, valid_publish_subject
+from natsjs.subject_transform import TransformError, new_transform
 
 # A stream's inbox holds at most this much before captures are refused with an error
 # reply (bounded memory; nats-server bounds its ipQueue the same way).
@@ -95,6 +96,7 @@ class Stream:
         self.sync_always = self.js.sync_always
         self.write_error: str | None = None
         self._pub_ack_prefix = self._make_pub_ack_prefix()
+        self._make_transforms()
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -104,6 +106,14 @@ class Stream:
             return b'{"stream":%s,"domain":%s,"seq":' % (
                 json.dumps(self.name).encode(), json.dumps(domain).encode())
         return b'{"stream":%s,"seq":' % json.dumps(self.name).encode()
+
+    def _make_transforms(self) -> None:
+        """The stream's subject transform (applied to every message it takes in) and
+        the republish mapping, parsed once (checked when the configuration was)."""
+        tr = self.cfg["subject_transform"]
+        self._itr = new_transform(tr.get("src", ""), tr.get("dest", "")) if tr else None
+        rp = self.cfg["republish"]
+        self._rptr = new_transform(rp.get("src") or ">", rp.get("dest") or "") if rp else None
 
     def start(self, nursery: trio.Nursery) -> None:
         self._rebuild_state()
@@ -339,6 +349,9 @@ class Stream:
     def _process(self, subject: bytes, hdr: bytes | None, msg: bytes, ts: int):
         cfg = self.cfg
         store = self.store
+        if self._itr is not None:
+            # server/stream.go: the input transform comes before every other check.
+            subject = self._itr.apply(subject.decode()).encode()
         if cfg["sealed"]:
             return ApiError.of("JSStreamSealedErr")
         if self.write_error is not None and self.is_file:
@@ -441,8 +454,8 @@ class Stream:
         if ttl > 0:
             heapq.heappush(self._ttls, (ts + ttl * 1_000_000_000, seq))
             self._expire_wake.unpark()
-        rp = cfg["republish"]
-        if rp:
+        rp = self._rptr
+        if rp is not None:
             self._republish(rp, subject, hdr, msg, seq, ts)
         return self._pub_ack_prefix + b"%d}" % seq
 
@@ -573,17 +586,20 @@ class Stream:
 
     # ---- republish ------------------------------------------------------------------------
 
-    def _republish(self, rp: dict, subject: bytes, hdr, msg, seq: int, ts: int) -> None:
-        src = rp.get("src") or ">"
-        s = subject.decode("utf-8", "replace")
-        if not filter_matches(src, s):
+    def _republish(self, tr, subject: bytes, hdr, msg, seq: int, ts: int) -> None:
+        try:
+            dest = tr.match(subject.decode("utf-8", "replace"))
+        except TransformError:
             return
-        dest = _transform(src, rp.get("dest") or ">", s)
+        if not valid_publish_subject(dest):
+            self.server.log.warn("Stream '%s > %s' suppressing republish with invalid subject "
+                                 "%r", self.jsa.name, self.name, dest)
+            return
         last = self.store.load_prev(seq - 1, subject)
         pairs = [(H.STREAM, self.name.encode()), (H.SUBJECT, subject),
                  (H.SEQUENCE, b"%d" % seq), (H.TIME_STAMP, rfc3339_nano(ts).encode()),
                  (H.LAST_SEQUENCE, b"%d" % (last[0] if last else 0))]
-        if rp.get("headers_only"):
+        if self.cfg["republish"].get("headers_only"):
             pairs.append((H.MSG_SIZE, b"%d" % len(msg)))
             body = b""
         else:
@@ -888,6 +904,7 @@ class Stream:
             if cfg["mirror"] is None:
                 for subj in cfg["subjects"] or []:
                     self._subs.append(self.js.subscribe(acc, subj.encode(), self._capture))
+        self._make_transforms()
         self._update_direct()
         self._enforce_all_limits()
         self._expire_wake.unpark()
@@ -948,36 +965,6 @@ def _ttl_seconds(hdr: bytes) -> int:
     if not raw:
         return 0
     return _parse_ttl(raw) or 0
-
-
-def _transform(src: str, dest: str, subject: str) -> str:
-    """Map ``subject`` (matched by ``src``) to ``dest``: ``$N``/``{{wildcard(N)}}`` take
-    the N-th wildcard token; a ``>`` in dest takes the rest."""
-    st = subject.split(".")
-    pt = src.split(".")
-    wild = []
-    for i, t in enumerate(pt):
-        if t == "*":
-            wild.append(st[i])
-        elif t == ">":
-            wild.append(".".join(st[i:]))
-    if dest == ">":
-        return subject
-    out = []
-    wi = 0
-    for t in dest.split("."):
-        if t == "*" or t == ">":
-            out.append(wild[wi] if wi < len(wild) else t)
-            wi += 1
-            continue
-        if "$" in t or "{{" in t:
-            import re
-            def rep(m):
-                n = int(m.group(1) or m.group(2))
-                return wild[n - 1] if 0 < n <= len(wild) else m.group(0)
-            t = re.sub(r"\$(\d+)|\{\{\s*wildcard\((\d+)\)\s*\}\}", rep, t)
-        out.append(t)
-    return ".".join(out)
 
 
 __all__ = ["Stream", "subject_matches"]
