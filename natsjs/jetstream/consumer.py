@@ -88,8 +88,14 @@ class Consumer:
         self.filters = filters_of(cfg)
         self._bfilters = [f.encode() for f in self.filters]
         self.push = bool(cfg["deliver_subject"])
+        # Consumers that mirrors and sources create: no limits apply, and direct ones
+        # are neither stored nor listed.
+        self.direct = bool(cfg["direct"])
+        self.internal = self.direct or bool(cfg["sourcing"])
         self.ack_none = cfg["ack_policy"] == "none"
         self.ack_all = cfg["ack_policy"] in ("all", "flow_control")
+        # Acknowledged by the replies to flow control (a source's durable consumer).
+        self.ack_fc = cfg["ack_policy"] == "flow_control"
         if state is None:
             state = self._initial_state()
         self.st = state
@@ -303,6 +309,23 @@ class Consumer:
         self._state_changed = True
         self.stream_changed()
 
+    def reset_to_ack_floor(self) -> None:
+        """A source's durable consumer asked for again: deliver anew from after the last
+        acknowledged message, delivery sequences from 1 (server/consumer.go
+        resetStartingSeq)."""
+        st = self.st
+        seq = st.asflr + 1
+        st.pending.clear()
+        st.rdc.clear()
+        self.rdq = []
+        self._rdq_set = set()
+        st.sseq, st.dseq = seq, 1
+        st.adflr, st.asflr = 0, seq - 1
+        self._fcid = None
+        self._fcsz = self._pbytes = 0
+        self._state_changed = True
+        self.stream_changed()
+
     # ---- interest (push) ------------------------------------------------------------------
 
     def check_interest(self) -> None:
@@ -484,6 +507,11 @@ class Consumer:
                 # A redelivery keeps the original delivery sequence (trackPending).
                 p[1] = now
             self._state_changed = True
+            if self.ack_fc and self._fcid is None and \
+                    0 < self.cfg["max_ack_pending"] <= len(st.pending):
+                # Nothing else would acknowledge: ask now (server/consumer.go
+                # needFlowControl).
+                self._send_flow_control(pub)
         if dc > 1 and self.cfg["max_deliver"] > 0 and dc == self.cfg["max_deliver"]:
             pass   # the advisory goes out when its ack wait expires without an ack
 
@@ -627,6 +655,10 @@ class Consumer:
             if now - self._last_hb >= period:
                 self._heartbeat(self.cfg["deliver_subject"].encode())
                 self._last_hb = now
+                if self.ack_fc and self.st.pending and self._fcid is None:
+                    # Idle with deliveries unacknowledged: a flow control request
+                    # collects the acknowledgement.
+                    self._send_flow_control(self._publish_now)
             due.append(self._last_hb + period - now)
         if self.st.pending and self.cfg["ack_wait"] > 0:
             nxt = self._check_pending()
@@ -867,6 +899,10 @@ class Consumer:
         h = H.make(100, "FlowControl Request")
         pub(self.cfg["deliver_subject"].encode(), self._fcid, h, len(h))
 
+    def _publish_now(self, subject: bytes, reply: bytes | None, msg: bytes, hdr: int = -1,
+                     shown: bytes | None = None) -> None:
+        self.server.deliver(self.stream.jsa.account, subject, reply, msg, hdr)
+
     def _on_fc(self, sub, subject, reply, hdr, msg) -> None:
         if self._fcid is None or subject != self._fcid:
             return
@@ -876,6 +912,14 @@ class Consumer:
         self._fcid = None
         self._fcsz = 0
         self._wake.unpark()
+        if self.ack_fc and hdr is not None and hdr > 0:
+            # server/consumer.go processFlowControl: the reply says how far the other
+            # side has stored, which acknowledges everything up to there.
+            h = msg[:hdr]
+            lsseq = H.get(h, H.LAST_STREAM)
+            ldseq = H.get(h, H.LAST_CONSUMER)
+            if lsseq and lsseq.isdigit() and int(lsseq) > 0:
+                self._ack(int(lsseq), int(ldseq) if ldseq and ldseq.isdigit() else 0)
 
     # ---- durable state ---------------------------------------------------------------------
 

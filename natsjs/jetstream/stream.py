@@ -28,6 +28,7 @@ import shutil
 import trio
 
 from natsjs.jetstream import headers as H
+from natsjs.jetstream import sourcing
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, parse_go_duration, rfc3339_nano
 from natsjs.jetstream.streamcfg import config_json, with_dynamic_metadata
@@ -95,6 +96,7 @@ class Stream:
         self.msg_size = file_msg_size if self.is_file else mem_msg_size
         self.sync_always = self.js.sync_always
         self.write_error: str | None = None
+        self.sourcing = None        # the mirror or sources (sourcing.py), while running
         self._pub_ack_prefix = self._make_pub_ack_prefix()
         self._make_transforms()
 
@@ -118,6 +120,7 @@ class Stream:
     def start(self, nursery: trio.Nursery) -> None:
         self._rebuild_state()
         self._subscribe()
+        self.sourcing = sourcing.for_stream(self)
         nursery.start_soon(self._run)
 
     async def _run(self) -> None:
@@ -129,6 +132,8 @@ class Stream:
                     nursery.start_soon(self._lazy_sync_loop)
                 for c in list(self.consumers.values()):
                     c.start(nursery)
+                if self.sourcing is not None:
+                    nursery.start_soon(self.sourcing.run)
                 self._nursery = nursery
                 await trio.sleep_forever()
 
@@ -172,6 +177,8 @@ class Stream:
             return
         self.closed = True
         self._unsubscribe()
+        if self.sourcing is not None:
+            self.sourcing.stop()
         for c in list(self.consumers.values()):
             c.stop(delete=delete, from_stream=True)
         for _, reply, _, _ in self._inbox:
@@ -228,9 +235,11 @@ class Stream:
         if len(self._inbox) == 1:
             self._wake.unpark()
 
-    def enqueue(self, subject: bytes, reply: bytes | None, hdr: bytes | None,
-                msg: bytes) -> None:
-        """A message from server code (sources, republish loops excluded)."""
+    def enqueue(self, subject: bytes, reply, hdr: bytes | None, msg: bytes) -> None:
+        """A message from server code.  ``reply`` may be a handler instead of a reply
+        subject: mirrors and sources (natsjs/jetstream/sourcing.py) queue what their
+        origins deliver that way, so that it is processed in order with everything
+        else, inside the same batch and fsync."""
         self._inbox.append((subject, reply, hdr, msg))
         self._inbox_bytes += len(msg)
         if len(self._inbox) == 1:
@@ -253,6 +262,10 @@ class Stream:
             replies = []
             for subject, reply, hdr, msg in batch:
                 try:
+                    if reply is not None and reply.__class__ is not bytes:
+                        # From a mirror or source: its handler stores it (sourcing.py).
+                        reply(subject, hdr, msg)
+                        continue
                     out = self.process(subject, reply, hdr, msg)
                 except Exception as exc:   # a bug must cost one message, not the stream
                     self.server.log.error("JetStream error processing message on '%s > %s': "
@@ -346,7 +359,15 @@ class Stream:
             return self._error_reply(out) if respond else None
         return out if respond else None
 
-    def _process(self, subject: bytes, hdr: bytes | None, msg: bytes, ts: int):
+    def process_sourced(self, subject: bytes, hdr: bytes | None, msg: bytes, ts: int = 0,
+                        mirror_seq: int = 0):
+        """A message a mirror or source took from its origin (natsjs/jetstream/sourcing.py):
+        the PubAck it would have had, or the ApiError.  ``mirror_seq`` stores it at the
+        origin's sequence (a mirror keeps them; what the origin no longer has is a gap)."""
+        return self._process(subject, hdr, msg, ts, True, mirror_seq)
+
+    def _process(self, subject: bytes, hdr: bytes | None, msg: bytes, ts: int,
+                 sourced: bool = False, mirror_seq: int = 0):
         cfg = self.cfg
         store = self.store
         if self._itr is not None:
@@ -354,6 +375,8 @@ class Stream:
             subject = self._itr.apply(subject.decode()).encode()
         if cfg["sealed"]:
             return ApiError.of("JSStreamSealedErr")
+        if mirror_seq and mirror_seq <= store.last_seq:
+            return ApiError.of("JSStreamSequenceNotMatchErr")
         if self.write_error is not None and self.is_file:
             # Try again: space may have come back.
             self.write_error = None
@@ -371,7 +394,10 @@ class Stream:
             if name and name.decode("utf-8", "replace") != self.name:
                 return ApiError.of("JSStreamNotMatchErr")
             raw_ttl = H.get(hdr, H.MSG_TTL)
-            if raw_ttl:
+            if raw_ttl and sourced:
+                # The origin checked it; kept as it is, honoured only if we allow TTLs.
+                ttl = (_parse_ttl(raw_ttl) or 0) if cfg["allow_msg_ttl"] else 0
+            elif raw_ttl:
                 ttl = _parse_ttl(raw_ttl)
                 if ttl is None:
                     if not cfg["allow_msg_ttl"]:
@@ -394,18 +420,22 @@ class Stream:
                 want = _parse_uint(exp)
                 if want is None or want != self.lseq:
                     return ApiError.of("JSStreamWrongLastSequenceErrF", seq=self.lseq)
-            if H.get(hdr, H.STREAM_SOURCE) and not getattr(self, "_sourcing", False):
+            if not sourced and H.get(hdr, H.STREAM_SOURCE):
                 return ApiError.of("JSMessageSourceHdrNotAllowedErr")
             mid = H.get(hdr, H.MSG_ID)
             if mid:
                 msg_id = mid.decode("utf-8", "replace")
-                dd = self._check_msg_id(msg_id)
+                # A mirror cannot deduplicate on its own: the origin did.
+                dd = self._check_msg_id(msg_id) if not mirror_seq else None
                 if dd is not None:
                     return self._pub_ack_prefix + b"%d,\"duplicate\": true}" % dd
             exp = H.get(hdr, H.EXPECTED_LAST_MSG_ID)
             if exp is not None and exp.decode("utf-8", "replace") != self.lmsgid:
                 return ApiError.of("JSStreamWrongLastMsgIDErrF", id=self.lmsgid)
             r = H.get(hdr, H.ROLLUP)
+            if r is not None and sourced and not (cfg["allow_rollup_hdrs"] and
+                                                  not cfg["deny_purge"]):
+                r = None    # the origin's rollup is ours only if we allow rollups
             if r is not None:
                 if not (cfg["allow_rollup_hdrs"] and not cfg["deny_purge"]):
                     return ApiError.of("JSStreamRollupFailedF", err="rollup not permitted")
@@ -435,7 +465,7 @@ class Stream:
         if cfg["retention"] == "interest" and not self._has_interest(subject):
             # Nobody would ever consume it: the sequence is used, nothing is kept
             # (server/stream.go noInterest -> SkipMsg).
-            seq = store.last_seq + 1
+            seq = mirror_seq or store.last_seq + 1
             store.append(subject, hdr, msg, ts, seq)
             store.remove(seq)
             self._stored(seq, msg_id, ts)
@@ -446,7 +476,7 @@ class Stream:
             self._discard_new_check(subject, hdr, msg, size)
         except StoreError as exc:
             return ApiError.of("JSStreamStoreFailedF", err=str(exc))
-        seq = store.append(subject, hdr, msg, ts)
+        seq = store.append(subject, hdr, msg, ts, mirror_seq)
         self._stored(seq, msg_id, ts)
         if rollup:
             self._rollup(subject, rollup, keep=1)
@@ -879,7 +909,8 @@ class Stream:
         lost = getattr(self.store, "recovery", None) or {}
         if lost.get("lost"):
             out["lost"] = {"msgs": _flatten_lost(lost["lost"]), "bytes": 0}
-        out["consumer_count"] = len(self.consumers)
+        # Consumers of mirrors and sources are not the stream's (server/stream.go).
+        out["consumer_count"] = sum(1 for c in self.consumers.values() if not c.direct)
         return out
 
     def info(self, subjects_filter: str = "", deleted_details: bool = False) -> dict:
@@ -889,6 +920,8 @@ class Stream:
         if self.js.domain:
             out["domain"] = self.js.domain
         out["cluster"] = self.js.cluster_info()
+        if self.sourcing is not None:
+            out.update(self.sourcing.info())
         out["ts"] = rfc3339_nano(now_ns())
         return out
 
@@ -906,6 +939,7 @@ class Stream:
                     self._subs.append(self.js.subscribe(acc, subj.encode(), self._capture))
         self._make_transforms()
         self._update_direct()
+        self.sourcing = sourcing.update_for_stream(self, old)
         self._enforce_all_limits()
         self._expire_wake.unpark()
         for c in self.consumers.values():
