@@ -21,7 +21,7 @@ import trio
 
 from natsjs.jetstream import consumercfg as CC
 from natsjs.jetstream import headers as H
-from natsjs.jetstream import sourcing
+from natsjs.jetstream import snapshot, sourcing
 from natsjs.jetstream import streamcfg as SC
 from natsjs.jetstream.consumer import Consumer, ephemeral_name
 from natsjs.jetstream.errors import ApiError
@@ -166,9 +166,9 @@ class Api:
                 if kind == "PURGE":
                     return self.stream_purge(jsa, name, body)
                 if kind == "SNAPSHOT":
-                    return self._clustering_or_unsupported("stream_snapshot_response")
+                    return snapshot.snapshot_request(self, jsa, name, hdr, body)
                 if kind == "RESTORE":
-                    return self._clustering_or_unsupported("stream_restore_response")
+                    return snapshot.restore_request(self, jsa, name, hdr, body)
             if kind == "MSG" and n == 4:
                 if op[2] == "GET":
                     return self.msg_get(jsa, op[3], body)
@@ -212,10 +212,6 @@ class Api:
 
     def _cluster_required(self, rtype: str) -> dict:
         return self._err(rtype, ApiError.of("JSClusterRequiredErr"))
-
-    def _clustering_or_unsupported(self, rtype: str) -> dict:
-        return self._err(rtype, ApiError.of("JSStreamGeneralErrorF",
-                                            err="not supported by natsjs yet"))
 
     @staticmethod
     def _decode(body: bytes, schema: Struct) -> dict:
@@ -510,7 +506,7 @@ class Api:
                 raise ApiError.of("JSConsumerCreateFilterSubjectMismatchErr")
             if ccfg["num_replicas"] > 1 and self.server.cluster is None:
                 raise ApiError.of("JSStreamReplicasNotSupportedErr")
-            if _required_level(hdr) > SC.API_LEVEL:
+            if required_level(hdr) > SC.API_LEVEL:
                 raise ApiError.of("JSRequiredApiLevelErr")
             stream = self._stream(jsa, stream_name)
             identity = None
@@ -719,7 +715,7 @@ class Api:
                 "consumers": [render(stream.consumers[n]) for n in names[offset:offset + limit]]}
 
 
-def _required_level(hdr: bytes | None) -> int:
+def required_level(hdr: bytes | None) -> int:
     """server/jetstream_versioning.go errorOnRequiredApiLevel: the level a request asks
     for in Nats-Required-Api-Level (unparsable asks for more than anyone has)."""
     raw = H.get(hdr, b"Nats-Required-Api-Level") if hdr else None
