@@ -31,6 +31,7 @@ from natsjs.jetstream import headers as H
 from natsjs.jetstream.consumercfg import config_json, filters_of, is_durable, with_dynamic_metadata
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, parse_go_duration, parse_rfc3339, rfc3339_nano
+from natsjs.jetstream.pacing import Pacer
 from natsjs.jetstream.store import OP_ACK, OP_FLOOR, ConsumerState
 from natsjs.jetstream.subjects import filter_matches
 
@@ -121,6 +122,11 @@ class Consumer:
         self._npc = None                    # num pending cache, valid through _npf
         self._npf = 0
         self._now = 0                       # the clock, read once per delivery burst
+        # replay_policy original / rate_limit_bps (pacing.py): a message taken from the
+        # store that must wait is held until the time it may go.
+        self.pacer = Pacer.for_consumer(self)
+        self._held = None
+        self._pace_until = 0.0
         if cfg["deliver_policy"] == "last_per_subject" and state.dseq == 1:
             self._setup_lss()
 
@@ -352,6 +358,9 @@ class Consumer:
                 await trio.lowlevel.checkpoint()
                 continue
             timeout = self._housekeeping()
+            if self._pace_until:
+                left = self._pace_until - trio.current_time()
+                timeout = left if timeout is None else min(timeout, left)
             if timeout is None:
                 await self._wake.park()
             else:
@@ -361,6 +370,10 @@ class Consumer:
     def _deliver_some(self) -> int:
         if self.paused_until and now_ns() < self.paused_until:
             return 0
+        if self._pace_until:
+            if trio.current_time() < self._pace_until:
+                return 0
+            self._pace_until = 0.0
         if self.push:
             if not self.active or (self.cfg["flow_control"] and self._pbytes > self._maxpb):
                 return 0
@@ -374,10 +387,22 @@ class Consumer:
             while delivered < DELIVER_BURST:
                 if not self.push and not self.waiting:
                     break
-                got = self._next_msg()
+                got = self._held or self._next_msg()
+                self._held = None
                 if got is None:
+                    if self.pacer is not None:
+                        self.pacer.caught_up(self.st.sseq)
                     break
                 seq, subj, hdr, msg, ts, dc = got
+                if self.pacer is not None:
+                    # Counted as the reference does, ack reply included (near enough).
+                    size = len(subj) + len(hdr or b"") + len(msg) + len(self.name) + \
+                        len(self.stream.name) + 48
+                    wait = self.pacer.wait(seq, ts, size)
+                    if wait > 0:
+                        self._held = got
+                        self._pace_until = trio.current_time() + wait
+                        break
                 if not self.push:
                     wr = self._next_waiting(seq, subj, hdr, msg)
                     if wr is None:
@@ -999,6 +1024,11 @@ class Consumer:
         self.filters = filters_of(cfg)
         self._bfilters = [f.encode() for f in self.filters]
         self.paused_until = _pause_ns(cfg)
+        if old["rate_limit_bps"] != cfg["rate_limit_bps"]:
+            if self.pacer is None:
+                self.pacer = Pacer.for_consumer(self)
+            else:
+                self.pacer.rate = cfg["rate_limit_bps"] / 8.0 if self.push else 0.0
         if old["deliver_subject"] != cfg["deliver_subject"]:
             self.active = False
             self.check_interest()
