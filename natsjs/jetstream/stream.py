@@ -31,6 +31,7 @@ from natsjs.jetstream import headers as H
 from natsjs.jetstream import sourcing
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, parse_go_duration, rfc3339_nano
+from natsjs.jetstream.markers import SubjectDeleteMarkers, min_ttl
 from natsjs.jetstream.streamcfg import config_json, with_dynamic_metadata
 from natsjs.jetstream.subjects import subject_matches, valid_publish_subject
 from natsjs.subject_transform import TransformError, new_transform
@@ -99,6 +100,8 @@ class Stream:
         self.sourcing = None        # the mirror or sources (sourcing.py), while running
         self._pub_ack_prefix = self._make_pub_ack_prefix()
         self._make_transforms()
+        self._sdm = None
+        self._make_markers()
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -108,6 +111,14 @@ class Stream:
             return b'{"stream":%s,"domain":%s,"seq":' % (
                 json.dumps(self.name).encode(), json.dumps(domain).encode())
         return b'{"stream":%s,"seq":' % json.dumps(self.name).encode()
+
+    def _make_markers(self) -> None:
+        """subject_delete_marker_ttl: expiry leaves markers (markers.py)."""
+        on = self.cfg["subject_delete_marker_ttl"] > 0
+        if on and self._sdm is None:
+            self._sdm = SubjectDeleteMarkers(self)
+        elif not on:
+            self._sdm = None
 
     def _make_transforms(self) -> None:
         """The stream's subject transform (applied to every message it takes in) and
@@ -447,6 +458,8 @@ class Stream:
                     return ApiError.of("JSStreamRollupFailedF",
                                        err="rollup value invalid: %s"
                                        % r.decode("utf-8", "replace"))
+        if ttl > 0 and self._sdm is not None:
+            ttl, hdr = min_ttl(cfg, ttl, hdr)
         max_size = cfg["max_msg_size"]
         hlen = len(hdr) if hdr else 0
         if max_size >= 0 and (hlen > max_size or len(msg) > max_size - hlen):
@@ -593,16 +606,22 @@ class Stream:
         max_age = self.cfg["max_age"]
         store = self.store
         removed = False
+        sdm = self._sdm
         if max_age and store.msgs:
-            n = store.expire(now - max_age)
-            removed = removed or n > 0
+            if sdm is not None:
+                removed = sdm.expire_by_age(now - max_age)
+            else:
+                n = store.expire(now - max_age)
+                removed = removed or n > 0
             first = store.load(store.first_seq) if store.msgs else None
             if first is not None:
                 next_due = first[3] + max_age
         ttls = self._ttls
         while ttls and ttls[0][0] <= now:
             _, seq = heapq.heappop(ttls)
-            if store.remove(seq):
+            if sdm is not None:
+                removed = sdm.expire(seq) or removed
+            elif store.remove(seq):
                 removed = True
         if ttls:
             next_due = ttls[0][0] if next_due is None else min(next_due, ttls[0][0])
@@ -612,7 +631,9 @@ class Stream:
                 c.stream_changed()
         if next_due is None:
             return EXPIRE_CHECK * 10
-        return min(max((next_due - now) / 1e9, 0.001), EXPIRE_CHECK * 10)
+        # Markers proposed are on their way through the inbox: no need to spin.
+        least = 0.05 if sdm is not None and sdm.waiting() else 0.001
+        return min(max((next_due - now) / 1e9, least), EXPIRE_CHECK * 10)
 
     # ---- republish ------------------------------------------------------------------------
 
@@ -938,6 +959,7 @@ class Stream:
                 for subj in cfg["subjects"] or []:
                     self._subs.append(self.js.subscribe(acc, subj.encode(), self._capture))
         self._make_transforms()
+        self._make_markers()
         self._update_direct()
         self.sourcing = sourcing.update_for_stream(self, old)
         self._enforce_all_limits()
