@@ -373,6 +373,16 @@ class Api:
         except ApiError as err:
             return self._err(rtype, err)
         del jsa.streams[name]
+        # Its consumers go with it, each with its advisory; the durable consumers it had
+        # on the origins of its mirror or sources are deleted there (server/stream.go
+        # stop).
+        for c in list(stream.consumers.values()):
+            self.js.advisory("$JS.EVENT.ADVISORY.CONSUMER.DELETED.%s.%s" % (name, c.name),
+                             "io.nats.jetstream.advisory.v1.consumer_action",
+                             {"stream": name, "consumer": c.name, "action": "delete"},
+                             jsa.account)
+        if stream.sourcing is not None:
+            stream.sourcing.delete_origin_durables()
         stream.stop(delete=False)
         if stream.path:
             await trio.to_thread.run_sync(_remove_tree, stream.path)

@@ -50,6 +50,9 @@ ACK_NAK = b"-NAK"
 ACK_PROGRESS = b"+WPI"
 ACK_NEXT = b"+NXT"
 ACK_TERM = b"+TERM"
+# The reason of the terminated advisory for a pending message the stream no longer has
+# (server/consumer.go ackTermUnackedLimitsReason).
+TERM_DELETED = "Unacknowledged message was deleted"
 
 _NAME_CHARS = string.ascii_letters + string.digits
 
@@ -187,9 +190,16 @@ class Consumer:
             return True
         return any(filter_matches(f, subject) for f in self.filters)
 
-    def purge_applies(self, subject: str) -> bool:
-        from natsjs.jetstream.subjects import subjects_collide
-        return not self.filters or any(subjects_collide(f, subject) for f in self.filters)
+    def purge_scope(self, subject: str) -> str | None:
+        """How a purge of ``subject`` concerns this consumer (server/stream.go
+        purgeLocked): "all" when our filters lie within it, "wider" when it lies within
+        our filters (or we have none), None when it does not concern us."""
+        from natsjs.jetstream.subjects import subset_match
+        if any(f == subject or subset_match(f, subject) for f in self.filters):
+            return "all"
+        if not self.filters or any(subset_match(subject, f) for f in self.filters):
+            return "wider"
+        return None
 
     def has_acked(self, seq: int) -> bool:
         st = self.st
@@ -301,19 +311,42 @@ class Consumer:
         self._pending_reset()
         self._wake.unpark()
 
-    def purged(self, first_seq: int) -> None:
+    def purged(self, start: int, last_seq: int, wider: bool = False) -> None:
+        """The stream purged up to ``start`` (0: everything this consumer wants is gone);
+        with ``wider`` the purge took only part of what we want, so pending messages are
+        dropped only if they are gone (server/consumer.go purge)."""
         st = self.st
-        if st.sseq < first_seq:
-            st.sseq = first_seq
-        if st.asflr < first_seq - 1:
-            st.asflr = first_seq - 1
-        for s in [s for s in st.pending if s < first_seq]:
-            del st.pending[s]
-            st.rdc.pop(s, None)
-        self.rdq = [s for s in self.rdq if s >= first_seq]
+        if start == 0 and not wider:
+            start = last_seq + 1
+        if st.sseq < start:
+            st.sseq = start
+        if st.asflr < start:
+            st.asflr = start - 1
+            store = self.stream.store
+            for seq in list(st.pending):
+                if seq <= st.asflr or (wider and store.load(seq) is None):
+                    dseq = st.pending.pop(seq)[0]
+                    st.rdc.pop(seq, None)
+                    if dseq > st.adflr:
+                        st.adflr = dseq
+                        if st.adflr > st.dseq:
+                            st.dseq = st.adflr
+        if not st.pending:
+            st.adflr, st.asflr = st.dseq - 1, st.sseq - 1
+        self.rdq = [s for s in self.rdq if s >= st.sseq]
         self._rdq_set = set(self.rdq)
         self._state_changed = True
         self.stream_changed()
+
+    def message_removed(self, seq: int) -> None:
+        """A message left the stream (deleted, limits, age, a purge of one): if we were
+        waiting for its acknowledgement it is terminated now, as an acknowledgement
+        with an advisory (server/consumer.go decStreamPending)."""
+        st = self.st
+        if seq in st.pending:
+            self._term(seq, TERM_DELETED, st.rdc.get(seq, 0) + 1)
+        elif st.rdc.pop(seq, None) is not None:
+            self._state_changed = True
 
     def reset_to_ack_floor(self) -> None:
         """A source's durable consumer asked for again: deliver anew from after the last
@@ -440,7 +473,7 @@ class Consumer:
             rec = store.load(seq)
             if rec is None:
                 # Gone from the stream (limits, purge): stop tracking it.
-                self._term(seq, "Unacknowledged Message Removed")
+                self._term(seq, TERM_DELETED, dc - 1)
                 continue
             st.rdc[seq] = dc - 1
             return (seq,) + rec + (dc,)

@@ -88,7 +88,10 @@ class SubjectDeleteMarkers:
             stream.enqueue(subject, self._store_marker, self._header(), b"")
             return False
         self.pending.pop(seq, None)
-        return store.remove(seq)
+        if store.remove(seq):
+            stream.message_gone(seq)
+            return True
+        return False
 
     def _store_marker(self, subject: bytes, hdr: bytes | None, msg: bytes) -> None:
         """Called by the stream's ingest task, in order with everything else."""

@@ -306,6 +306,21 @@ class Sourcing:
         self._unsubscribe_mirror_direct()
         self._wake.unpark_all()
 
+    def delete_origin_durables(self) -> None:
+        """The stream is being deleted: the durable consumers it has on interest or work
+        queue origins would keep their messages forever, so ask the origins to delete
+        them (server/stream.go tryDeleteSourcingConsumer; best effort, no answer
+        awaited).  Direct consumers go away by themselves."""
+        for si in self.all():
+            stable = "JS_%s_%s" % ("MIRROR" if si.mirror else "SRC", self._consumer_hash(si))
+            if si.cname != stable:
+                continue
+            subject = "%s.CONSUMER.DELETE.%s.%s" % (API_PREFIX, si.name, stable)
+            ext = si.ext or {}
+            if ext.get("api"):
+                subject = subject.replace(API_PREFIX, ext["api"], 1).replace("..", ".")
+            self.server.deliver(self.account, subject.encode(), None, b"")
+
     def reconfigure(self) -> None:
         """The sources changed: drop the ones gone, start the new ones where their
         messages in the stream end (server/stream.go update, setStartingSequenceForSources)."""

@@ -577,8 +577,25 @@ class Stream:
     def _remove_for_limits(self, seq: int) -> None:
         if not self.store.remove(seq):
             rec = self.store.load_next(seq)
-            if rec is not None:
-                self.store.remove(rec[0])
+            if rec is None or not self.store.remove(rec[0]):
+                return
+            seq = rec[0]
+        self.message_gone(seq)
+
+    def message_gone(self, seq: int) -> None:
+        """One message left the store: consumers waiting for its acknowledgement hear of
+        it (server/stream.go storeUpdates -> decStreamPending)."""
+        for c in self.consumers.values():
+            st = c.st
+            if seq in st.pending or seq in st.rdc:
+                c.message_removed(seq)
+
+    def _messages_gone_below(self, first: int) -> None:
+        """Many left from the front (age): the same for each one a consumer waits for."""
+        for c in list(self.consumers.values()):
+            st = c.st
+            for seq in sorted(s for s in st.pending if s < first):
+                c.message_removed(seq)
 
     def _rollup(self, subject: bytes, kind: str, keep: int) -> None:
         if kind == "sub":
@@ -613,6 +630,9 @@ class Stream:
             else:
                 n = store.expire(now - max_age)
                 removed = removed or n > 0
+                if n:
+                    self._messages_gone_below(store.first_seq if store.msgs else
+                                              store.last_seq + 1)
             first = store.load(store.first_seq) if store.msgs else None
             if first is not None:
                 next_due = first[3] + max_age
@@ -623,6 +643,7 @@ class Stream:
                 removed = sdm.expire(seq) or removed
             elif store.remove(seq):
                 removed = True
+                self.message_gone(seq)
         if ttls:
             next_due = ttls[0][0] if next_due is None else min(next_due, ttls[0][0])
         if removed:
@@ -667,19 +688,39 @@ class Stream:
         if self.cfg["sealed"]:
             raise ApiError.of("JSStreamPurgeFailedF", err="sealed stream")
         store = self.store
+        waited = set()
+        for c in self.consumers.values():
+            waited.update(s for s in c.st.pending if store.load(s) is not None)
         n = store.purge(subject.encode() if subject else None, seq, keep)
-        fseq = store.first_seq
-        if store.last_seq > self.lseq:
-            self.lseq = store.last_seq
+        first, last = store.first_seq, store.last_seq
+        if n == 1:
+            # One message purged is one message removed (the reference's stores report
+            # it that way): whoever waited for it has it terminated.
+            for s in waited:
+                if store.load(s) is None:
+                    self.message_gone(s)
+        if last > self.lseq:
+            self.lseq = last
+        fseq = first
+        if subject:
+            # Consumers within the purged subject go on from what is left of it.
+            rec = store.load_next(first, subject.encode())
+            fseq = rec[0] if rec is not None else 0
         for c in list(self.consumers.values()):
-            if not subject or c.purge_applies(subject):
-                c.purged(fseq if not subject else store.first_seq)
+            scope = c.purge_scope(subject) if subject else "all"
+            if scope == "all":
+                c.purged(fseq, last)
+            elif scope == "wider":
+                c.purged(first, last, wider=True)
+            else:
+                c.stream_changed()
         self.jsa.note_usage()
         return n
 
     def delete_msg(self, seq: int, erase: bool) -> bool:
         ok = self.store.remove(seq, secure=erase)
         if ok:
+            self.message_gone(seq)
             for c in self.consumers.values():
                 c.stream_changed()
             self.jsa.note_usage()
