@@ -129,6 +129,12 @@ class ServerOptions:
             raise ValueError("invalid port %d" % self.port)
         if self.cluster is not None:
             self.cluster.validate()
+            # server/opts.go validateOptions: a JetStream cluster names its members.
+            if self.jetstream is not None:
+                if not self.server_name:
+                    raise ValueError("jetstream cluster requires `server_name` to be set")
+                if not self.cluster.name:
+                    raise ValueError("jetstream cluster requires `cluster.name` to be set")
         if self.lame_duck_grace_period >= self.lame_duck_duration:
             raise ValueError("lame duck grace period (%gs) should be strictly lower than lame "
                              "duck duration (%gs)" % (self.lame_duck_grace_period,

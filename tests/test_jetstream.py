@@ -429,3 +429,20 @@ def test_varz_and_jsz_report_jetstream(natsjs_js):
         assert jsz["account_details"][0]["stream_detail"][0]["name"] == "V"
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("missing, text", [
+    ("server_name", "jetstream cluster requires `server_name` to be set"),
+    ("cluster_name", "jetstream cluster requires `cluster.name` to be set")])
+def test_jetstream_cluster_needs_names(tmp_path, missing, text):
+    lines = ["listen: 127.0.0.1:-1", "jetstream { store_dir: %s }" % (tmp_path / "js")]
+    if missing != "server_name":
+        lines.append("server_name: n1")
+    lines.append("cluster { listen: 127.0.0.1:-1%s }" % (
+        "" if missing == "cluster_name" else ", name: C1"))
+    conf = tmp_path / "c.conf"
+    conf.write_text("\n".join(lines) + "\n")
+    for binary in ([sys.executable, "-m", "natsjs"], [reference_server_binary()]):
+        p = subprocess.run(binary + ["-c", str(conf)], capture_output=True, text=True,
+                           timeout=30)
+        assert p.returncode != 0 and text in p.stdout + p.stderr, p.stdout + p.stderr

@@ -184,10 +184,10 @@ def test_memory_stream_round_trip(js_server):
 
 def test_archive_checksums_catch_damage():
     """Every record carries a CRC-32C and the end record a digest of all before it."""
-    from natsjs.jetstream._pylog import PyLog
+    from natsjs._core.filelog import MemLog
     from natsjs.jetstream.snapshot import ArchiveError, ArchiveReader, archive_records
 
-    log = PyLog()
+    log = MemLog()
     for i in range(3):
         log.append(b"a.%d" % i, b"NATS/1.0\r\nX: 1\r\n\r\n", b"payload-%d" % i, 1000 + i)
 

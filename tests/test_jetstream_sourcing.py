@@ -278,19 +278,7 @@ def _restart(server, start):
     return start(*server.args[4:])
 
 
-def _file_streams_persist() -> bool:
-    try:
-        from natsjs._core import filelog  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.parametrize("kind", [
-    pytest.param("natsjs", marks=pytest.mark.skipif(
-        not _file_streams_persist(), reason="natsjs keeps file streams in memory until the "
-        "Cython FileLog lands (natsjs/jetstream/_pylog.py stands in)")),
-    "reference"])
+@pytest.mark.parametrize("kind", ["natsjs", "reference"])
 def test_restart_resumes_mirror_and_sources(tmp_path, kind):
     start = start_natsjs if kind == "natsjs" else start_reference
     s = start("-js", "-sd", str(tmp_path / "js"))
@@ -359,10 +347,10 @@ def test_source_added_again_resumes_after_its_last_message(js_server):
 def test_starting_sequences_from_source_headers():
     """The newest message carrying each source's index name gives its position; old
     headers without one match by stream name."""
-    from natsjs.jetstream._pylog import PyLog
+    from natsjs._core.filelog import MemLog
     from natsjs.jetstream.sourcing import SourceInfo, Sourcing, index_name
 
-    log = PyLog()
+    log = MemLog()
     a = {"name": "A", "filter_subject": "x"}
     b = {"name": "B"}
     c = {"name": "C", "subject_transforms": [{"src": "c.*", "dest": "d.$1"}]}

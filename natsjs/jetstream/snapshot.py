@@ -572,7 +572,7 @@ class _Restore:
             last = int(meta.get("last_seq") or 0)
             if last > store.last_seq:
                 # What the stream had deleted at its end still counts in its sequence.
-                store.append(b"", None, b"", 0, last)
+                store.append(b"_", None, b"", 0, last)
                 store.remove(last)
             s = store.begin_sync()
             await trio.to_thread.run_sync(s.run)

@@ -85,6 +85,7 @@ class Stream:
         self._expire_idle = False
         self._budget = 0
         self._batch_ts = 0
+        self._plain = self._plain_config()
         # Duplicate window: msg id -> (seq, ts), oldest first.
         self._ddmap: dict[str, tuple[int, int]] = {}
         self._ddq: collections.deque = collections.deque()
@@ -377,8 +378,27 @@ class Stream:
         origin's sequence (a mirror keeps them; what the origin no longer has is a gap)."""
         return self._process(subject, hdr, msg, ts, True, mirror_seq)
 
+    def _plain_config(self) -> bool:
+        """True when a message without headers needs nothing but an append: no limits,
+        no seal, no interest tracking, no republish, no subject transform (the common
+        stream)."""
+        c = self.cfg
+        return (not c["sealed"] and c["retention"] == "limits" and c["max_msg_size"] < 0
+                and c["max_msgs"] <= 0 and c["max_bytes"] <= 0
+                and c["max_msgs_per_subject"] <= 0 and not c["republish"]
+                and not c["subject_transform"])
+
     def _process(self, subject: bytes, hdr: bytes | None, msg: bytes, ts: int,
                  sourced: bool = False, mirror_seq: int = 0):
+        if hdr is None and self._plain and not mirror_seq:
+            # The fast path: the checks below would all pass.
+            size = self.msg_size(subject, None, msg)
+            if size <= self._budget:
+                self._budget -= size
+                seq = self.store.append(subject, None, msg, ts or self._batch_ts)
+                self.lseq = seq
+                self.lmsgid = ""
+                return self._pub_ack_prefix + b"%d}" % seq
         cfg = self.cfg
         store = self.store
         if self._itr is not None:
@@ -991,6 +1011,7 @@ class Stream:
         """Apply an accepted update (the checks were done by the API)."""
         old = self.cfg
         self.cfg = cfg
+        self._plain = self._plain_config()
         if old["subjects"] != cfg["subjects"]:
             acc = self.jsa.account
             for sub in self._subs:
