@@ -98,7 +98,7 @@ def test_backup_delete_restore_round_trip(js_server):
         assert "error" not in done, done
         after = await info(nc, "S")
         for k in ("messages", "first_seq", "last_seq", "num_deleted", "num_subjects",
-                  "consumer_count"):
+                  "consumer_count", "first_ts"):
             assert after["state"].get(k) == before["state"].get(k), k
         # nats-server 2.15 gives the restored stream a new creation time (and so a new
         # identity for sources); natsjs does the same.

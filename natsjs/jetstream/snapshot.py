@@ -80,7 +80,7 @@ def archive_records(stream, consumers: bool, upto: int):
     store = stream.store
     st = store.state()
     meta = {"config": stream.cfg, "created": stream.created,
-            "first_seq": st["first_seq"], "last_seq": upto}
+            "first_seq": st["first_seq"], "last_seq": upto, "last_ts": st["last_ts"]}
     digest = hashlib.sha256()
     first = MAGIC + _record(K_META, json.dumps(meta, separators=(",", ":")).encode())
     digest.update(first)
@@ -572,7 +572,7 @@ class _Restore:
             last = int(meta.get("last_seq") or 0)
             if last > store.last_seq:
                 # What the stream had deleted at its end still counts in its sequence.
-                store.append(b"_", None, b"", 0, last)
+                store.append(b"_", None, b"", int(meta.get("last_ts") or 0), last)
                 store.remove(last)
             s = store.begin_sync()
             await trio.to_thread.run_sync(s.run)
