@@ -45,9 +45,18 @@ async def until(cond, timeout: float = 40.0, what: str = "condition"):
 
 
 async def wait_state(nc, name: str, **want) -> dict:
+    """The stream's state once it shows ``want`` and its last message can be read (state
+    counts a message as soon as it is stored, reads wait until it is durable)."""
     async def check():
         st = (await info(nc, name))["state"]
-        return st if all(st.get(k) == v for k, v in want.items()) else None
+        if not all(st.get(k) == v for k, v in want.items()):
+            return None
+        if st["messages"]:
+            r = await api(nc, "$JS.API.STREAM.MSG.GET." + name,
+                          {"last_by_subj": ">"})
+            if "error" in r:
+                return None
+        return st
     return await until(check, what="%s state %r" % (name, want))
 
 
@@ -217,13 +226,24 @@ def test_start_options_and_consumer_limits(js_server):
         assert st["first_seq"] == 4
         await wait_state(nc, "S", messages=2)
         assert (await js.get_msg("S", 1)).data == b"4"
+        # By time: from the stored time of the fifth message on.
+        t5 = (await api(nc, "$JS.API.STREAM.MSG.GET.O", {"seq": 5}))["message"]["time"]
+        await api(nc, "$JS.API.STREAM.CREATE.MT", {"name": "MT", "mirror": {
+            "name": "O", "opt_start_time": t5}})
+        await api(nc, "$JS.API.STREAM.CREATE.ST", {"name": "ST", "subjects": ["st"],
+                                                   "sources": [{"name": "O",
+                                                                "opt_start_time": t5}]})
+        st = await wait_state(nc, "MT", last_seq=6, messages=2)
+        assert st["first_seq"] == 5
+        await wait_state(nc, "ST", messages=2)
+        assert (await js.get_msg("ST", 1)).data == b"4"
         # Two sourcing consumers exist on O, yet max_consumers 1 leaves room for one.
         await js.add_consumer("O", durable_name="mine")
         with pytest.raises(nats.js.errors.APIError) as e:
             await js.add_consumer("O", durable_name="another")
         assert e.value.err_code == 10026
         acc = await api(nc, "$JS.API.INFO")
-        assert acc["consumers"] == 3       # the account still counts them all
+        assert acc["consumers"] == 5       # the account still counts them all
         await nc.close()
     run(main())
 
