@@ -194,7 +194,7 @@ class Stream:
         for c in list(self.consumers.values()):
             c.stop(delete=delete, from_stream=True)
         for _, reply, _, _ in self._inbox:
-            if reply and not self.cfg["no_ack"]:
+            if reply and reply.__class__ is bytes and not self.cfg["no_ack"]:
                 self._respond_error(reply, ApiError.of("JSStreamNotFoundErr"))
         self._inbox = []
         self._scope.cancel()
@@ -282,6 +282,8 @@ class Stream:
                 except Exception as exc:   # a bug must cost one message, not the stream
                     self.server.log.error("JetStream error processing message on '%s > %s': "
                                           "%r", self.jsa.name, self.name, exc)
+                    if reply is not None and reply.__class__ is not bytes:
+                        continue    # a handler's message: nobody to answer
                     out = self._error_reply(ApiError.of("JSStreamStoreFailedF", err=str(exc)))
                 if reply and out is not None:
                     replies.append((reply, out))
