@@ -222,6 +222,21 @@ def _map_subject(subject: bytes, src: str, dst: str) -> bytes:
     return b".".join(out)
 
 
+def split_js_delivery(reply: bytes | None):
+    """(reply, shown subject) of what an internal subscriber got: a JetStream delivery
+    carries the subject to show as ``$JS.ACK.<8 tokens>@<subject>`` (natsjs/_core/
+    fanout.pyx, as routes carry it); anything else is (reply, None)."""
+    if reply is None or b"@" not in reply:
+        return reply, None
+    dots = 0
+    for i, c in enumerate(reply):
+        if c == 46:
+            dots += 1
+        elif c == 64 and (dots >= 8 or i == 0):
+            return reply[:i] or None, reply[i + 1:]
+    return reply, None
+
+
 class Account:
     def __init__(self, name: str, config: AccountConfig | None = None):
         self.name = name
@@ -300,8 +315,9 @@ class Account:
 
         def forward(sub, subject, reply, hdr, msg):
             # Local subscribers only: every server of a cluster imports for its own.
+            reply, shown = split_js_delivery(reply)
             server.deliver(dst, _map_subject(subject, imp.subject, imp.to), reply, msg, hdr,
-                           to_routes=False)
+                           to_routes=False, shown=shown)
         src.add_internal(imp.subject.encode(), forward)
 
     def _wire_service_import(self, server, src: "Account", imp: Import) -> None:
@@ -337,7 +353,10 @@ class Account:
                 return
             if rtype == "singleton":
                 del acc._responses[subject]
-            server.deliver(target, original, None, msg, hdr)
+            # A JetStream delivery (a pull request's answer) keeps its ack reply.
+            reply, shown = split_js_delivery(reply)
+            server.deliver(target, original, reply if shown is not None else None, msg, hdr,
+                           shown=shown)
         self._resp_sub = self.add_internal(self._resp_prefix + b".>", response)
 
     def map_reply(self, requester: "Account", reply: bytes, rtype: str) -> bytes:

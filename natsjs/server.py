@@ -52,6 +52,8 @@ class Server:
         self.server_id = new_server_id()
         self.name = opts.server_name or self.server_id
         self.cluster = None
+        # Set before the imports are wired: wiring subscribes, which tells JetStream.
+        self.jetstream = None
         self.accounts: dict[str, Account] = {GLOBAL_ACCOUNT: Account(GLOBAL_ACCOUNT)}
         for cfg in opts.accounts:
             self.accounts[cfg.name] = Account(cfg.name, cfg)
@@ -69,7 +71,6 @@ class Server:
             from natsjs.tls import make_server_context
             self.tls_context = make_server_context(opts.tls)
         self._deliver_depth = 0
-        self.jetstream = None
         if opts.jetstream is not None:
             from natsjs.jetstream.engine import JetStream
             self.jetstream = JetStream(self, opts.jetstream)
@@ -365,7 +366,7 @@ class Server:
             target.conn.flush()
 
     def deliver(self, account: Account, subject: bytes, reply: bytes | None, msg: bytes,
-                hdr: int = -1, to_routes: bool = True) -> None:
+                hdr: int = -1, to_routes: bool = True, shown: bytes | None = None) -> None:
         """Publish from server code into ``account``: imports, $SYS replies, services.
 
         The message goes through the same Cython fan-out as a client's PUB, from a
@@ -379,7 +380,12 @@ class Server:
             core = account.publisher()
             core.to_routes = to_routes
             try:
-                core.publish(subject, reply, hdr, msg)
+                if shown is None:
+                    core.publish(subject, reply, hdr, msg)
+                else:
+                    # A JetStream delivery passed on (imports): routed by ``subject``,
+                    # shown with the stored message's.
+                    core.publish_deliver(subject, shown, reply, hdr, msg)
             finally:
                 core.stalled = None     # server code does not wait for slow consumers
                 account.release_publisher(core)

@@ -133,18 +133,25 @@ cdef class Conn(ProtoParser):
         cdef Py_ssize_t slen = self.pa.subject_len
         if sub.closed or (sub.max_msgs > 0 and sub.nmsgs >= sub.max_msgs):
             return 0
-        if self.dsubj != NULL:
-            subj, slen = self.dsubj, self.dsubj_len
         if sub.callback is not None:
             sub.nmsgs += 1
+            reply = PyBytes_FromStringAndSize(<const char*>self.pa.reply, self.pa.reply_len) \
+                if self.pa.reply != NULL else None
+            if self.dsubj != NULL:
+                # Server code gets a JetStream delivery by the subject it was routed on
+                # (imports map that one, as in nats-server); the subject to show rides
+                # in the reply the way routes carry it: ``reply@shown``.
+                reply = (reply or b"") + b"@" + PyBytes_FromStringAndSize(
+                    <const char*>self.dsubj, self.dsubj_len)
             sub.callback(
                 sub,
                 PyBytes_FromStringAndSize(<const char*>subj, slen),
-                PyBytes_FromStringAndSize(<const char*>self.pa.reply, self.pa.reply_len)
-                if self.pa.reply != NULL else None,
+                reply,
                 self.pa.hdr,
                 PyBytes_FromStringAndSize(<const char*>msg, self.pa.size))
             return 1
+        if self.dsubj != NULL:
+            subj, slen = self.dsubj, self.dsubj_len
         target = <Conn>sub.client
         if target.closed or (target is self and not self.echo):
             return 0

@@ -21,6 +21,7 @@ import trio
 
 from natsjs.jetstream import consumercfg as CC
 from natsjs.jetstream import headers as H
+from natsjs.jetstream import snapshot, sourcing
 from natsjs.jetstream import streamcfg as SC
 from natsjs.jetstream.consumer import Consumer, ephemeral_name
 from natsjs.jetstream.errors import ApiError
@@ -31,6 +32,8 @@ from natsjs.jetstream.store import (FileConsumerStore, MemConsumerStore, OBS, ME
 from natsjs.jetstream.stream import Stream
 
 NAMES_LIMIT = 1024          # server/jetstream_api.go JSApiNamesLimit
+# A response dict may carry headers for the reply under this key (popped before sending).
+RESPONSE_HEADERS = "\0headers"
 LIST_LIMIT = 256            # JSApiListLimit
 MAX_SUBJECT_DETAILS = 100_000
 
@@ -115,14 +118,17 @@ class Api:
                 jsa.api_errors += 1
                 self.js.api_errors += 1
             if reply:
-                self._send(jsa, reply, resp)
+                self._send(jsa, reply, resp, headers=resp.pop(RESPONSE_HEADERS, None))
             await trio.lowlevel.checkpoint()
 
     def _send(self, jsa, reply: bytes, resp: dict, account=None, acc_obj=None,
-              raw_account=None) -> None:
+              raw_account=None, headers: bytes | None = None) -> None:
         data = json.dumps(resp, separators=(",", ":")).encode()
         if jsa is not None:
-            self.server.deliver(jsa.account, reply, None, data)
+            if headers:
+                self.server.deliver(jsa.account, reply, None, headers + data, len(headers))
+            else:
+                self.server.deliver(jsa.account, reply, None, data)
             return
         # The not-enabled answer: find the account whose sublist holds the subscription.
         for acc in self.server.accounts.values():
@@ -160,9 +166,9 @@ class Api:
                 if kind == "PURGE":
                     return self.stream_purge(jsa, name, body)
                 if kind == "SNAPSHOT":
-                    return self._clustering_or_unsupported("stream_snapshot_response")
+                    return snapshot.snapshot_request(self, jsa, name, hdr, body)
                 if kind == "RESTORE":
-                    return self._clustering_or_unsupported("stream_restore_response")
+                    return snapshot.restore_request(self, jsa, name, hdr, body)
             if kind == "MSG" and n == 4:
                 if op[2] == "GET":
                     return self.msg_get(jsa, op[3], body)
@@ -206,10 +212,6 @@ class Api:
 
     def _cluster_required(self, rtype: str) -> dict:
         return self._err(rtype, ApiError.of("JSClusterRequiredErr"))
-
-    def _clustering_or_unsupported(self, rtype: str) -> dict:
-        return self._err(rtype, ApiError.of("JSStreamGeneralErrorF",
-                                            err="not supported by natsjs yet"))
 
     @staticmethod
     def _decode(body: bytes, schema: Struct) -> dict:
@@ -371,6 +373,16 @@ class Api:
         except ApiError as err:
             return self._err(rtype, err)
         del jsa.streams[name]
+        # Its consumers go with it, each with its advisory; the durable consumers it had
+        # on the origins of its mirror or sources are deleted there (server/stream.go
+        # stop).
+        for c in list(stream.consumers.values()):
+            self.js.advisory("$JS.EVENT.ADVISORY.CONSUMER.DELETED.%s.%s" % (name, c.name),
+                             "io.nats.jetstream.advisory.v1.consumer_action",
+                             {"stream": name, "consumer": c.name, "action": "delete"},
+                             jsa.account)
+        if stream.sourcing is not None:
+            stream.sourcing.delete_origin_durables()
         stream.stop(delete=False)
         if stream.path:
             await trio.to_thread.run_sync(_remove_tree, stream.path)
@@ -504,15 +516,30 @@ class Api:
                 raise ApiError.of("JSConsumerCreateFilterSubjectMismatchErr")
             if ccfg["num_replicas"] > 1 and self.server.cluster is None:
                 raise ApiError.of("JSStreamReplicasNotSupportedErr")
+            if required_level(hdr) > SC.API_LEVEL:
+                raise ApiError.of("JSRequiredApiLevelErr")
             stream = self._stream(jsa, stream_name)
+            identity = None
+            if ccfg["direct"] or ccfg["sourcing"]:
+                cname = sourcing_consumer_name(stream, ccfg) or cname
+                identity = sourcing.stream_identity(stream.created)
+                want = H.get(hdr, b"Nats-Stream-Identity") if hdr else None
+                if want and want.decode("utf-8", "replace") != identity:
+                    raise ApiError.of("JSConsumerStreamIdentityMismatchF", msg=identity)
             existing = stream.consumers.get(cname) if cname else None
             if existing is not None:
                 ccfg["pause_until"] = existing.cfg["pause_until"]
+                if ccfg["sourcing"] and ccfg["durable_name"]:
+                    for k in ("deliver_policy", "opt_start_seq", "opt_start_time"):
+                        ccfg[k] = existing.cfg[k]
             CC.set_static_metadata(ccfg)
             consumer = await self.add_consumer(jsa, stream, ccfg, action, pedantic)
         except ApiError as err:
             return self._err(rtype, err)
-        return {"type": T + rtype, **consumer.info()}
+        out = {"type": T + rtype, **consumer.info()}
+        if identity is not None:
+            out[RESPONSE_HEADERS] = H.make(0, "", [(b"Nats-Stream-Identity", identity.encode())])
+        return out
 
     async def add_consumer(self, jsa, stream: Stream, config: dict, action: str,
                            pedantic: bool) -> Consumer:
@@ -542,6 +569,8 @@ class Api:
                 if existing.cfg != cfg:
                     await self._save_consumer_meta(stream, existing.name, cfg, existing.created)
                 existing.update_config(cfg)
+                if cfg["sourcing"]:
+                    existing.reset_to_ack_floor()
                 return existing
         if action == "update":
             raise ApiError.of("JSConsumerDoesNotExist")
@@ -549,14 +578,17 @@ class Api:
         acc_max = jsa.limits.max_consumers
         if maxc <= 0 or (acc_max > 0 and acc_max < maxc):
             maxc = acc_max
-        if maxc > 0 and len(stream.consumers) >= maxc:
+        # Consumers of mirrors and sources do not count (server/stream.go
+        # numLimitableConsumers).
+        limitable = [c for c in stream.consumers.values() if not c.internal]
+        if maxc > 0 and len(limitable) >= maxc:
             raise ApiError.of("JSMaximumConsumersLimitErr")
-        if scfg["retention"] == "workqueue" and not cfg["direct"]:
+        if scfg["retention"] == "workqueue" and not cfg["direct"] and not cfg["sourcing"]:
             if cfg["ack_policy"] not in ("explicit", "flow_control"):
                 raise ApiError.of("JSConsumerWQRequiresExplicitAckErr")
             if cfg["deliver_policy"] != "all":
                 raise ApiError.of("JSConsumerWQConsumerNotDeliverAllErr")
-            if stream.consumers:
+            if limitable:
                 filters = CC.filters_of(cfg)
                 if not filters:
                     raise ApiError.of("JSConsumerWQMultipleUnfilteredErr")
@@ -579,7 +611,8 @@ class Api:
                     SC.subjects_collide(f, s) for s in scfg["subjects"] or []):
                 raise ApiError.of("JSConsumerFilterNotSubsetErr")
         created = now_ns()
-        if stream.path and not cfg["mem_storage"]:
+        if stream.path and not cfg["mem_storage"] and not cfg["direct"]:
+            # A direct consumer keeps no state anywhere (server/consumer.go).
             await self._save_consumer_meta(stream, name, cfg, created)
             cstore = FileConsumerStore(os.path.join(stream.path, OBS, name), self.js.fsync)
         else:
@@ -602,7 +635,7 @@ class Api:
     @staticmethod
     def _partition_unique(stream, name: str, filters: list) -> bool:
         for cname, c in stream.consumers.items():
-            if cname == name:
+            if cname == name or c.internal:
                 continue
             if not c.filters:
                 return False
@@ -686,10 +719,40 @@ class Api:
             stream = self._stream(jsa, stream_name)
         except ApiError as err:
             return self._err(rtype, err)
-        names = sorted(stream.consumers)
+        names = sorted(n for n, c in stream.consumers.items() if not c.direct)
         offset = max(req.get("offset", 0), 0)
         return {"type": T + rtype, "total": len(names), "offset": offset, "limit": limit,
                 "consumers": [render(stream.consumers[n]) for n in names[offset:offset + limit]]}
+
+
+def required_level(hdr: bytes | None) -> int:
+    """server/jetstream_versioning.go errorOnRequiredApiLevel: the level a request asks
+    for in Nats-Required-Api-Level (unparsable asks for more than anyone has)."""
+    raw = H.get(hdr, b"Nats-Required-Api-Level") if hdr else None
+    if not raw:
+        return 0
+    raw = raw.strip()
+    return int(raw) if raw.isdigit() else 1 << 30
+
+
+def sourcing_consumer_name(stream, cfg: dict) -> str | None:
+    """server/jetstream_api.go: a mirror's or source's consumer asks with a stable
+    name; on a stream with limits retention it gets a random suffix (a new consumer
+    every time), on an interest or work queue stream it becomes a durable that acks
+    through its flow control replies, so that the origin keeps what the mirror or
+    source has not taken yet."""
+    if not (cfg["direct"] and cfg["sourcing"] and cfg["name"]):
+        return None
+    if stream.cfg["retention"] in ("interest", "workqueue"):
+        cfg["direct"] = False
+        cfg["durable_name"] = cfg["name"]
+        cfg["ack_policy"] = "flow_control"
+        cfg["ack_wait"] = 0
+        cfg["max_deliver"] = 0
+        cfg["inactive_threshold"] = 0
+    else:
+        cfg["name"] = "%s-%s" % (cfg["name"], sourcing.get_hash(sourcing.rand_token(22)))
+    return cfg["name"]
 
 
 def _same_config(a: dict, b: dict) -> bool:

@@ -31,6 +31,7 @@ from natsjs.jetstream import headers as H
 from natsjs.jetstream.consumercfg import config_json, filters_of, is_durable, with_dynamic_metadata
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, parse_go_duration, parse_rfc3339, rfc3339_nano
+from natsjs.jetstream.pacing import Pacer
 from natsjs.jetstream.store import OP_ACK, OP_FLOOR, ConsumerState
 from natsjs.jetstream.subjects import filter_matches
 
@@ -49,6 +50,9 @@ ACK_NAK = b"-NAK"
 ACK_PROGRESS = b"+WPI"
 ACK_NEXT = b"+NXT"
 ACK_TERM = b"+TERM"
+# The reason of the terminated advisory for a pending message the stream no longer has
+# (server/consumer.go ackTermUnackedLimitsReason).
+TERM_DELETED = "Unacknowledged message was deleted"
 
 _NAME_CHARS = string.ascii_letters + string.digits
 
@@ -88,8 +92,14 @@ class Consumer:
         self.filters = filters_of(cfg)
         self._bfilters = [f.encode() for f in self.filters]
         self.push = bool(cfg["deliver_subject"])
+        # Consumers that mirrors and sources create: no limits apply, and direct ones
+        # are neither stored nor listed.
+        self.direct = bool(cfg["direct"])
+        self.internal = self.direct or bool(cfg["sourcing"])
         self.ack_none = cfg["ack_policy"] == "none"
         self.ack_all = cfg["ack_policy"] in ("all", "flow_control")
+        # Acknowledged by the replies to flow control (a source's durable consumer).
+        self.ack_fc = cfg["ack_policy"] == "flow_control"
         if state is None:
             state = self._initial_state()
         self.st = state
@@ -115,6 +125,11 @@ class Consumer:
         self._npc = None                    # num pending cache, valid through _npf
         self._npf = 0
         self._now = 0                       # the clock, read once per delivery burst
+        # replay_policy original / rate_limit_bps (pacing.py): a message taken from the
+        # store that must wait is held until the time it may go.
+        self.pacer = Pacer.for_consumer(self)
+        self._held = None
+        self._pace_until = 0.0
         if cfg["deliver_policy"] == "last_per_subject" and state.dseq == 1:
             self._setup_lss()
 
@@ -175,9 +190,16 @@ class Consumer:
             return True
         return any(filter_matches(f, subject) for f in self.filters)
 
-    def purge_applies(self, subject: str) -> bool:
-        from natsjs.jetstream.subjects import subjects_collide
-        return not self.filters or any(subjects_collide(f, subject) for f in self.filters)
+    def purge_scope(self, subject: str) -> str | None:
+        """How a purge of ``subject`` concerns this consumer (server/stream.go
+        purgeLocked): "all" when our filters lie within it, "wider" when it lies within
+        our filters (or we have none), None when it does not concern us."""
+        from natsjs.jetstream.subjects import subset_match
+        if any(f == subject or subset_match(f, subject) for f in self.filters):
+            return "all"
+        if not self.filters or any(subset_match(subject, f) for f in self.filters):
+            return "wider"
+        return None
 
     def has_acked(self, seq: int) -> bool:
         st = self.st
@@ -289,17 +311,57 @@ class Consumer:
         self._pending_reset()
         self._wake.unpark()
 
-    def purged(self, first_seq: int) -> None:
+    def purged(self, start: int, last_seq: int, wider: bool = False) -> None:
+        """The stream purged up to ``start`` (0: everything this consumer wants is gone);
+        with ``wider`` the purge took only part of what we want, so pending messages are
+        dropped only if they are gone (server/consumer.go purge)."""
         st = self.st
-        if st.sseq < first_seq:
-            st.sseq = first_seq
-        if st.asflr < first_seq - 1:
-            st.asflr = first_seq - 1
-        for s in [s for s in st.pending if s < first_seq]:
-            del st.pending[s]
-            st.rdc.pop(s, None)
-        self.rdq = [s for s in self.rdq if s >= first_seq]
+        if start == 0 and not wider:
+            start = last_seq + 1
+        if st.sseq < start:
+            st.sseq = start
+        if st.asflr < start:
+            st.asflr = start - 1
+            store = self.stream.store
+            for seq in list(st.pending):
+                if seq <= st.asflr or (wider and store.load(seq) is None):
+                    dseq = st.pending.pop(seq)[0]
+                    st.rdc.pop(seq, None)
+                    if dseq > st.adflr:
+                        st.adflr = dseq
+                        if st.adflr > st.dseq:
+                            st.dseq = st.adflr
+        if not st.pending:
+            st.adflr, st.asflr = st.dseq - 1, st.sseq - 1
+        self.rdq = [s for s in self.rdq if s >= st.sseq]
         self._rdq_set = set(self.rdq)
+        self._state_changed = True
+        self.stream_changed()
+
+    def message_removed(self, seq: int) -> None:
+        """A message left the stream (deleted, limits, age, a purge of one): if we were
+        waiting for its acknowledgement it is terminated now, as an acknowledgement
+        with an advisory (server/consumer.go decStreamPending)."""
+        st = self.st
+        if seq in st.pending:
+            self._term(seq, TERM_DELETED, st.rdc.get(seq, 0) + 1)
+        elif st.rdc.pop(seq, None) is not None:
+            self._state_changed = True
+
+    def reset_to_ack_floor(self) -> None:
+        """A source's durable consumer asked for again: deliver anew from after the last
+        acknowledged message, delivery sequences from 1 (server/consumer.go
+        resetStartingSeq)."""
+        st = self.st
+        seq = st.asflr + 1
+        st.pending.clear()
+        st.rdc.clear()
+        self.rdq = []
+        self._rdq_set = set()
+        st.sseq, st.dseq = seq, 1
+        st.adflr, st.asflr = 0, seq - 1
+        self._fcid = None
+        self._fcsz = self._pbytes = 0
         self._state_changed = True
         self.stream_changed()
 
@@ -329,6 +391,9 @@ class Consumer:
                 await trio.lowlevel.checkpoint()
                 continue
             timeout = self._housekeeping()
+            if self._pace_until:
+                left = self._pace_until - trio.current_time()
+                timeout = left if timeout is None else min(timeout, left)
             if timeout is None:
                 await self._wake.park()
             else:
@@ -338,6 +403,10 @@ class Consumer:
     def _deliver_some(self) -> int:
         if self.paused_until and now_ns() < self.paused_until:
             return 0
+        if self._pace_until:
+            if trio.current_time() < self._pace_until:
+                return 0
+            self._pace_until = 0.0
         if self.push:
             if not self.active or (self.cfg["flow_control"] and self._pbytes > self._maxpb):
                 return 0
@@ -351,10 +420,22 @@ class Consumer:
             while delivered < DELIVER_BURST:
                 if not self.push and not self.waiting:
                     break
-                got = self._next_msg()
+                got = self._held or self._next_msg()
+                self._held = None
                 if got is None:
+                    if self.pacer is not None:
+                        self.pacer.caught_up(self.st.sseq)
                     break
                 seq, subj, hdr, msg, ts, dc = got
+                if self.pacer is not None:
+                    # Counted as the reference does, ack reply included (near enough).
+                    size = len(subj) + len(hdr or b"") + len(msg) + len(self.name) + \
+                        len(self.stream.name) + 48
+                    wait = self.pacer.wait(seq, ts, size)
+                    if wait > 0:
+                        self._held = got
+                        self._pace_until = trio.current_time() + wait
+                        break
                 if not self.push:
                     wr = self._next_waiting(seq, subj, hdr, msg)
                     if wr is None:
@@ -392,7 +473,7 @@ class Consumer:
             rec = store.load(seq)
             if rec is None:
                 # Gone from the stream (limits, purge): stop tracking it.
-                self._term(seq, "Unacknowledged Message Removed")
+                self._term(seq, TERM_DELETED, dc - 1)
                 continue
             st.rdc[seq] = dc - 1
             return (seq,) + rec + (dc,)
@@ -484,6 +565,11 @@ class Consumer:
                 # A redelivery keeps the original delivery sequence (trackPending).
                 p[1] = now
             self._state_changed = True
+            if self.ack_fc and self._fcid is None and \
+                    0 < self.cfg["max_ack_pending"] <= len(st.pending):
+                # Nothing else would acknowledge: ask now (server/consumer.go
+                # needFlowControl).
+                self._send_flow_control(pub)
         if dc > 1 and self.cfg["max_deliver"] > 0 and dc == self.cfg["max_deliver"]:
             pass   # the advisory goes out when its ack wait expires without an ack
 
@@ -627,6 +713,10 @@ class Consumer:
             if now - self._last_hb >= period:
                 self._heartbeat(self.cfg["deliver_subject"].encode())
                 self._last_hb = now
+                if self.ack_fc and self.st.pending and self._fcid is None:
+                    # Idle with deliveries unacknowledged: a flow control request
+                    # collects the acknowledgement.
+                    self._send_flow_control(self._publish_now)
             due.append(self._last_hb + period - now)
         if self.st.pending and self.cfg["ack_wait"] > 0:
             nxt = self._check_pending()
@@ -867,6 +957,10 @@ class Consumer:
         h = H.make(100, "FlowControl Request")
         pub(self.cfg["deliver_subject"].encode(), self._fcid, h, len(h))
 
+    def _publish_now(self, subject: bytes, reply: bytes | None, msg: bytes, hdr: int = -1,
+                     shown: bytes | None = None) -> None:
+        self.server.deliver(self.stream.jsa.account, subject, reply, msg, hdr)
+
     def _on_fc(self, sub, subject, reply, hdr, msg) -> None:
         if self._fcid is None or subject != self._fcid:
             return
@@ -876,6 +970,14 @@ class Consumer:
         self._fcid = None
         self._fcsz = 0
         self._wake.unpark()
+        if self.ack_fc and hdr is not None and hdr > 0:
+            # server/consumer.go processFlowControl: the reply says how far the other
+            # side has stored, which acknowledges everything up to there.
+            h = msg[:hdr]
+            lsseq = H.get(h, H.LAST_STREAM)
+            ldseq = H.get(h, H.LAST_CONSUMER)
+            if lsseq and lsseq.isdigit() and int(lsseq) > 0:
+                self._ack(int(lsseq), int(ldseq) if ldseq and ldseq.isdigit() else 0)
 
     # ---- durable state ---------------------------------------------------------------------
 
@@ -955,6 +1057,11 @@ class Consumer:
         self.filters = filters_of(cfg)
         self._bfilters = [f.encode() for f in self.filters]
         self.paused_until = _pause_ns(cfg)
+        if old["rate_limit_bps"] != cfg["rate_limit_bps"]:
+            if self.pacer is None:
+                self.pacer = Pacer.for_consumer(self)
+            else:
+                self.pacer.rate = cfg["rate_limit_bps"] / 8.0 if self.push else 0.0
         if old["deliver_subject"] != cfg["deliver_subject"]:
             self.active = False
             self.check_interest()

@@ -376,6 +376,10 @@ class JetStream:
 
     def start_stream(self, stream) -> None:
         stream.start(self._nursery)
+        # Mirrors and sources waiting for a stream of that name go at once.
+        for other in stream.jsa.streams.values():
+            if other.sourcing is not None and other is not stream:
+                other.sourcing.origin_created(stream.name)
 
     def subscribe(self, account, subject: bytes, callback, queue: bytes | None = None):
         """An internal subscription of JetStream's in ``account`` (interest is

@@ -28,10 +28,13 @@ import shutil
 import trio
 
 from natsjs.jetstream import headers as H
+from natsjs.jetstream import sourcing
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, parse_go_duration, rfc3339_nano
+from natsjs.jetstream.markers import SubjectDeleteMarkers, min_ttl
 from natsjs.jetstream.streamcfg import config_json, with_dynamic_metadata
-from natsjs.jetstream.subjects import filter_matches, subject_matches
+from natsjs.jetstream.subjects import subject_matches, valid_publish_subject
+from natsjs.subject_transform import TransformError, new_transform
 
 # A stream's inbox holds at most this much before captures are refused with an error
 # reply (bounded memory; nats-server bounds its ipQueue the same way).
@@ -98,7 +101,11 @@ class Stream:
         self.msg_size = file_msg_size if self.is_file else mem_msg_size
         self.sync_always = self.js.sync_always
         self.write_error: str | None = None
+        self.sourcing = None        # the mirror or sources (sourcing.py), while running
         self._pub_ack_prefix = self._make_pub_ack_prefix()
+        self._make_transforms()
+        self._sdm = None
+        self._make_markers()
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -109,9 +116,26 @@ class Stream:
                 json.dumps(self.name).encode(), json.dumps(domain).encode())
         return b'{"stream":%s,"seq":' % json.dumps(self.name).encode()
 
+    def _make_markers(self) -> None:
+        """subject_delete_marker_ttl: expiry leaves markers (markers.py)."""
+        on = self.cfg["subject_delete_marker_ttl"] > 0
+        if on and self._sdm is None:
+            self._sdm = SubjectDeleteMarkers(self)
+        elif not on:
+            self._sdm = None
+
+    def _make_transforms(self) -> None:
+        """The stream's subject transform (applied to every message it takes in) and
+        the republish mapping, parsed once (checked when the configuration was)."""
+        tr = self.cfg["subject_transform"]
+        self._itr = new_transform(tr.get("src", ""), tr.get("dest", "")) if tr else None
+        rp = self.cfg["republish"]
+        self._rptr = new_transform(rp.get("src") or ">", rp.get("dest") or "") if rp else None
+
     def start(self, nursery: trio.Nursery) -> None:
         self._rebuild_state()
         self._subscribe()
+        self.sourcing = sourcing.for_stream(self)
         nursery.start_soon(self._run)
 
     async def _run(self) -> None:
@@ -124,6 +148,8 @@ class Stream:
                     nursery.start_soon(self._lazy_sync_loop)
                 for c in list(self.consumers.values()):
                     c.start(nursery)
+                if self.sourcing is not None:
+                    nursery.start_soon(self.sourcing.run)
                 self._nursery = nursery
                 await trio.sleep_forever()
 
@@ -167,10 +193,12 @@ class Stream:
             return
         self.closed = True
         self._unsubscribe()
+        if self.sourcing is not None:
+            self.sourcing.stop()
         for c in list(self.consumers.values()):
             c.stop(delete=delete, from_stream=True)
         for _, reply, _, _ in self._inbox:
-            if reply and not self.cfg["no_ack"]:
+            if reply and reply.__class__ is bytes and not self.cfg["no_ack"]:
                 self._respond_error(reply, ApiError.of("JSStreamNotFoundErr"))
         self._inbox = []
         self._scope.cancel()
@@ -223,9 +251,11 @@ class Stream:
         if len(self._inbox) == 1:
             self._wake.unpark()
 
-    def enqueue(self, subject: bytes, reply: bytes | None, hdr: bytes | None,
-                msg: bytes) -> None:
-        """A message from server code (sources, republish loops excluded)."""
+    def enqueue(self, subject: bytes, reply, hdr: bytes | None, msg: bytes) -> None:
+        """A message from server code.  ``reply`` may be a handler instead of a reply
+        subject: mirrors and sources (natsjs/jetstream/sourcing.py) queue what their
+        origins deliver that way, so that it is processed in order with everything
+        else, inside the same batch and fsync."""
         self._inbox.append((subject, reply, hdr, msg))
         self._inbox_bytes += len(msg)
         if len(self._inbox) == 1:
@@ -253,10 +283,16 @@ class Stream:
             replies = self._unsynced
             for subject, reply, hdr, msg in batch:
                 try:
+                    if reply is not None and reply.__class__ is not bytes:
+                        # From a mirror or source: its handler stores it (sourcing.py).
+                        reply(subject, hdr, msg)
+                        continue
                     out = self.process(subject, reply, hdr, msg)
                 except Exception as exc:   # a bug must cost one message, not the stream
                     self.server.log.error("JetStream error processing message on '%s > %s': "
                                           "%r", self.jsa.name, self.name, exc)
+                    if reply is not None and reply.__class__ is not bytes:
+                        continue    # a handler's message: nobody to answer
                     out = self._error_reply(ApiError.of("JSStreamStoreFailedF", err=str(exc)))
                 if reply and out is not None:
                     replies.append((reply, out))
@@ -369,16 +405,26 @@ class Stream:
             return self._error_reply(out) if respond else None
         return out if respond else None
 
+    def process_sourced(self, subject: bytes, hdr: bytes | None, msg: bytes, ts: int = 0,
+                        mirror_seq: int = 0):
+        """A message a mirror or source took from its origin (natsjs/jetstream/sourcing.py):
+        the PubAck it would have had, or the ApiError.  ``mirror_seq`` stores it at the
+        origin's sequence (a mirror keeps them; what the origin no longer has is a gap)."""
+        return self._process(subject, hdr, msg, ts, True, mirror_seq)
+
     def _plain_config(self) -> bool:
         """True when a message without headers needs nothing but an append: no limits,
-        no seal, no interest tracking, no republish (the common stream)."""
+        no seal, no interest tracking, no republish, no subject transform (the common
+        stream)."""
         c = self.cfg
         return (not c["sealed"] and c["retention"] == "limits" and c["max_msg_size"] < 0
                 and c["max_msgs"] <= 0 and c["max_bytes"] <= 0
-                and c["max_msgs_per_subject"] <= 0 and not c["republish"])
+                and c["max_msgs_per_subject"] <= 0 and not c["republish"]
+                and not c["subject_transform"])
 
-    def _process(self, subject: bytes, hdr: bytes | None, msg: bytes, ts: int):
-        if hdr is None and self._plain:
+    def _process(self, subject: bytes, hdr: bytes | None, msg: bytes, ts: int,
+                 sourced: bool = False, mirror_seq: int = 0):
+        if hdr is None and self._plain and not mirror_seq:
             # The fast path: the checks below would all pass.
             size = self.msg_size(subject, None, msg)
             if size <= self._budget:
@@ -389,8 +435,13 @@ class Stream:
                 return self._pub_ack_prefix + b"%d}" % seq
         cfg = self.cfg
         store = self.store
+        if self._itr is not None:
+            # server/stream.go: the input transform comes before every other check.
+            subject = self._itr.apply(subject.decode()).encode()
         if cfg["sealed"]:
             return ApiError.of("JSStreamSealedErr")
+        if mirror_seq and mirror_seq <= store.last_seq:
+            return ApiError.of("JSStreamSequenceNotMatchErr")
         if self.write_error is not None and self.is_file:
             # Try again: space may have come back.
             self.write_error = None
@@ -408,7 +459,10 @@ class Stream:
             if name and name.decode("utf-8", "replace") != self.name:
                 return ApiError.of("JSStreamNotMatchErr")
             raw_ttl = H.get(hdr, H.MSG_TTL)
-            if raw_ttl:
+            if raw_ttl and sourced:
+                # The origin checked it; kept as it is, honoured only if we allow TTLs.
+                ttl = (_parse_ttl(raw_ttl) or 0) if cfg["allow_msg_ttl"] else 0
+            elif raw_ttl:
                 ttl = _parse_ttl(raw_ttl)
                 if ttl is None:
                     if not cfg["allow_msg_ttl"]:
@@ -431,18 +485,22 @@ class Stream:
                 want = _parse_uint(exp)
                 if want is None or want != self.lseq:
                     return ApiError.of("JSStreamWrongLastSequenceErrF", seq=self.lseq)
-            if H.get(hdr, H.STREAM_SOURCE) and not getattr(self, "_sourcing", False):
+            if not sourced and H.get(hdr, H.STREAM_SOURCE):
                 return ApiError.of("JSMessageSourceHdrNotAllowedErr")
             mid = H.get(hdr, H.MSG_ID)
             if mid:
                 msg_id = mid.decode("utf-8", "replace")
-                dd = self._check_msg_id(msg_id)
+                # A mirror cannot deduplicate on its own: the origin did.
+                dd = self._check_msg_id(msg_id) if not mirror_seq else None
                 if dd is not None:
                     return self._pub_ack_prefix + b"%d,\"duplicate\": true}" % dd
             exp = H.get(hdr, H.EXPECTED_LAST_MSG_ID)
             if exp is not None and exp.decode("utf-8", "replace") != self.lmsgid:
                 return ApiError.of("JSStreamWrongLastMsgIDErrF", id=self.lmsgid)
             r = H.get(hdr, H.ROLLUP)
+            if r is not None and sourced and not (cfg["allow_rollup_hdrs"] and
+                                                  not cfg["deny_purge"]):
+                r = None    # the origin's rollup is ours only if we allow rollups
             if r is not None:
                 if not (cfg["allow_rollup_hdrs"] and not cfg["deny_purge"]):
                     return ApiError.of("JSStreamRollupFailedF", err="rollup not permitted")
@@ -454,6 +512,8 @@ class Stream:
                     return ApiError.of("JSStreamRollupFailedF",
                                        err="rollup value invalid: %s"
                                        % r.decode("utf-8", "replace"))
+        if ttl > 0 and self._sdm is not None:
+            ttl, hdr = min_ttl(cfg, ttl, hdr)
         max_size = cfg["max_msg_size"]
         hlen = len(hdr) if hdr else 0
         if max_size >= 0 and (hlen > max_size or len(msg) > max_size - hlen):
@@ -472,7 +532,7 @@ class Stream:
         if cfg["retention"] == "interest" and not self._has_interest(subject):
             # Nobody would ever consume it: the sequence is used, nothing is kept
             # (server/stream.go noInterest -> SkipMsg).
-            seq = store.last_seq + 1
+            seq = mirror_seq or store.last_seq + 1
             store.append(subject, hdr, msg, ts, seq)
             store.remove(seq)
             self._stored(seq, msg_id, ts)
@@ -483,7 +543,7 @@ class Stream:
             self._discard_new_check(subject, hdr, msg, size)
         except StoreError as exc:
             return ApiError.of("JSStreamStoreFailedF", err=str(exc))
-        seq = store.append(subject, hdr, msg, ts)
+        seq = store.append(subject, hdr, msg, ts, mirror_seq)
         self._stored(seq, msg_id, ts)
         if rollup:
             self._rollup(subject, rollup, keep=1)
@@ -491,8 +551,8 @@ class Stream:
         if ttl > 0:
             heapq.heappush(self._ttls, (ts + ttl * 1_000_000_000, seq))
             self._expire_wake.unpark()
-        rp = cfg["republish"]
-        if rp:
+        rp = self._rptr
+        if rp is not None:
             self._republish(rp, subject, hdr, msg, seq, ts)
         return self._pub_ack_prefix + b"%d}" % seq
 
@@ -571,8 +631,25 @@ class Stream:
     def _remove_for_limits(self, seq: int) -> None:
         if not self.store.remove(seq):
             rec = self.store.load_next(seq)
-            if rec is not None:
-                self.store.remove(rec[0])
+            if rec is None or not self.store.remove(rec[0]):
+                return
+            seq = rec[0]
+        self.message_gone(seq)
+
+    def message_gone(self, seq: int) -> None:
+        """One message left the store: consumers waiting for its acknowledgement hear of
+        it (server/stream.go storeUpdates -> decStreamPending)."""
+        for c in self.consumers.values():
+            st = c.st
+            if seq in st.pending or seq in st.rdc:
+                c.message_removed(seq)
+
+    def _messages_gone_below(self, first: int) -> None:
+        """Many left from the front (age): the same for each one a consumer waits for."""
+        for c in list(self.consumers.values()):
+            st = c.st
+            for seq in sorted(s for s in st.pending if s < first):
+                c.message_removed(seq)
 
     def _rollup(self, subject: bytes, kind: str, keep: int) -> None:
         if kind == "sub":
@@ -600,17 +677,27 @@ class Stream:
         max_age = self.cfg["max_age"]
         store = self.store
         removed = False
+        sdm = self._sdm
         if max_age and store.msgs:
-            n = store.expire(now - max_age)
-            removed = removed or n > 0
+            if sdm is not None:
+                removed = sdm.expire_by_age(now - max_age)
+            else:
+                n = store.expire(now - max_age)
+                removed = removed or n > 0
+                if n:
+                    self._messages_gone_below(store.first_seq if store.msgs else
+                                              store.last_seq + 1)
             first = store.load(store.first_seq) if store.msgs else None
             if first is not None:
                 next_due = first[3] + max_age
         ttls = self._ttls
         while ttls and ttls[0][0] <= now:
             _, seq = heapq.heappop(ttls)
-            if store.remove(seq):
+            if sdm is not None:
+                removed = sdm.expire(seq) or removed
+            elif store.remove(seq):
                 removed = True
+                self.message_gone(seq)
         if ttls:
             next_due = ttls[0][0] if next_due is None else min(next_due, ttls[0][0])
         if removed:
@@ -619,21 +706,26 @@ class Stream:
                 c.stream_changed()
         if next_due is None:
             return EXPIRE_CHECK * 10
-        return min(max((next_due - now) / 1e9, 0.001), EXPIRE_CHECK * 10)
+        # Markers proposed are on their way through the inbox: no need to spin.
+        least = 0.05 if sdm is not None and sdm.waiting() else 0.001
+        return min(max((next_due - now) / 1e9, least), EXPIRE_CHECK * 10)
 
     # ---- republish ------------------------------------------------------------------------
 
-    def _republish(self, rp: dict, subject: bytes, hdr, msg, seq: int, ts: int) -> None:
-        src = rp.get("src") or ">"
-        s = subject.decode("utf-8", "replace")
-        if not filter_matches(src, s):
+    def _republish(self, tr, subject: bytes, hdr, msg, seq: int, ts: int) -> None:
+        try:
+            dest = tr.match(subject.decode("utf-8", "replace"))
+        except TransformError:
             return
-        dest = _transform(src, rp.get("dest") or ">", s)
+        if not valid_publish_subject(dest):
+            self.server.log.warn("Stream '%s > %s' suppressing republish with invalid subject "
+                                 "%r", self.jsa.name, self.name, dest)
+            return
         last = self.store.load_prev(seq - 1, subject)
         pairs = [(H.STREAM, self.name.encode()), (H.SUBJECT, subject),
                  (H.SEQUENCE, b"%d" % seq), (H.TIME_STAMP, rfc3339_nano(ts).encode()),
                  (H.LAST_SEQUENCE, b"%d" % (last[0] if last else 0))]
-        if rp.get("headers_only"):
+        if self.cfg["republish"].get("headers_only"):
             pairs.append((H.MSG_SIZE, b"%d" % len(msg)))
             body = b""
         else:
@@ -650,19 +742,39 @@ class Stream:
         if self.cfg["sealed"]:
             raise ApiError.of("JSStreamPurgeFailedF", err="sealed stream")
         store = self.store
+        waited = set()
+        for c in self.consumers.values():
+            waited.update(s for s in c.st.pending if store.load(s) is not None)
         n = store.purge(subject.encode() if subject else None, seq, keep)
-        fseq = store.first_seq
-        if store.last_seq > self.lseq:
-            self.lseq = store.last_seq
+        first, last = store.first_seq, store.last_seq
+        if n == 1:
+            # One message purged is one message removed (the reference's stores report
+            # it that way): whoever waited for it has it terminated.
+            for s in waited:
+                if store.load(s) is None:
+                    self.message_gone(s)
+        if last > self.lseq:
+            self.lseq = last
+        fseq = first
+        if subject:
+            # Consumers within the purged subject go on from what is left of it.
+            rec = store.load_next(first, subject.encode())
+            fseq = rec[0] if rec is not None else 0
         for c in list(self.consumers.values()):
-            if not subject or c.purge_applies(subject):
-                c.purged(fseq if not subject else store.first_seq)
+            scope = c.purge_scope(subject) if subject else "all"
+            if scope == "all":
+                c.purged(fseq, last)
+            elif scope == "wider":
+                c.purged(first, last, wider=True)
+            else:
+                c.stream_changed()
         self.jsa.note_usage()
         return n
 
     def delete_msg(self, seq: int, erase: bool) -> bool:
         ok = self.store.remove(seq, secure=erase)
         if ok:
+            self.message_gone(seq)
             for c in self.consumers.values():
                 c.stream_changed()
             self.jsa.note_usage()
@@ -913,7 +1025,8 @@ class Stream:
         lost = getattr(self.store, "recovery", None) or {}
         if lost.get("lost"):
             out["lost"] = {"msgs": _flatten_lost(lost["lost"]), "bytes": 0}
-        out["consumer_count"] = len(self.consumers)
+        # Consumers of mirrors and sources are not the stream's (server/stream.go).
+        out["consumer_count"] = sum(1 for c in self.consumers.values() if not c.direct)
         return out
 
     def info(self, subjects_filter: str = "", deleted_details: bool = False) -> dict:
@@ -923,6 +1036,8 @@ class Stream:
         if self.js.domain:
             out["domain"] = self.js.domain
         out["cluster"] = self.js.cluster_info()
+        if self.sourcing is not None:
+            out.update(self.sourcing.info())
         out["ts"] = rfc3339_nano(now_ns())
         return out
 
@@ -939,7 +1054,10 @@ class Stream:
             if cfg["mirror"] is None:
                 for subj in cfg["subjects"] or []:
                     self._subs.append(self.js.subscribe(acc, subj.encode(), self._capture))
+        self._make_transforms()
+        self._make_markers()
         self._update_direct()
+        self.sourcing = sourcing.update_for_stream(self, old)
         self._enforce_all_limits()
         self._expire_wake.unpark()
         for c in self.consumers.values():
@@ -999,36 +1117,6 @@ def _ttl_seconds(hdr: bytes) -> int:
     if not raw:
         return 0
     return _parse_ttl(raw) or 0
-
-
-def _transform(src: str, dest: str, subject: str) -> str:
-    """Map ``subject`` (matched by ``src``) to ``dest``: ``$N``/``{{wildcard(N)}}`` take
-    the N-th wildcard token; a ``>`` in dest takes the rest."""
-    st = subject.split(".")
-    pt = src.split(".")
-    wild = []
-    for i, t in enumerate(pt):
-        if t == "*":
-            wild.append(st[i])
-        elif t == ">":
-            wild.append(".".join(st[i:]))
-    if dest == ">":
-        return subject
-    out = []
-    wi = 0
-    for t in dest.split("."):
-        if t == "*" or t == ">":
-            out.append(wild[wi] if wi < len(wild) else t)
-            wi += 1
-            continue
-        if "$" in t or "{{" in t:
-            import re
-            def rep(m):
-                n = int(m.group(1) or m.group(2))
-                return wild[n - 1] if 0 < n <= len(wild) else m.group(0)
-            t = re.sub(r"\$(\d+)|\{\{\s*wildcard\((\d+)\)\s*\}\}", rep, t)
-        out.append(t)
-    return ".".join(out)
 
 
 __all__ = ["Stream", "subject_matches"]

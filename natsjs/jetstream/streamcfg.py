@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 
 from natsjs.jetstream.errors import ApiError
+from natsjs.subject_transform import TransformError, new_transform, validate_mapping
 from natsjs.jetstream.schema import (MAPOF_STRING, RAW, Enum, ListOf, MapOf, Struct,
                                      is_empty, merged, zero_values)
 from natsjs.jetstream.subjects import (is_literal, subjects_collide, subset_match,
@@ -327,7 +328,7 @@ def check_stream_config(config: dict, ctx: CheckContext) -> dict:
         if any(subjects_collide(rp["dest"], s) for s in cfg["subjects"] or []):
             raise _invalid("stream configuration for republish destination forms a cycle")
         if not valid_subject(rp["src"]) or not valid_subject(rp["dest"]) or \
-                not _transform_ok(rp["src"], rp["dest"]):
+                not _republish_ok(rp["src"], rp["dest"]):
             raise _invalid("stream configuration for republish with transform from '%s' to "
                            "'%s' not valid" % (rp["src"], rp["dest"]))
     pl = cfg["placement"]
@@ -417,31 +418,20 @@ def _source_index_name(src: dict) -> str:
     return " ".join(parts)
 
 
-def _transform_ok(src: str, dest: str) -> bool:
-    """A destination may use the source's wildcards, by position, or as they stand."""
-    if not dest:
-        return True
-    if not valid_subject(dest):
-        return False
-    nwild = sum(1 for t in (src or ">").split(".") if t in ("*", ">"))
-    for tok in dest.split("."):
-        if tok.startswith("{{") or "$" in tok:
-            for part in tok.replace("}}", "{{").split("{{"):
-                p = part.strip()
-                if p.startswith("wildcard(") or p.startswith("partition(") or \
-                        p.startswith("split") or p.startswith("slice") or \
-                        p.startswith("left") or p.startswith("right"):
-                    continue
-                if p.startswith("$") and p[1:].isdigit() and int(p[1:]) > nwild:
-                    return False
-    if ">" in dest.split(".") and ">" not in (src or ">").split("."):
+def _check_mapping(src: str, dest: str, err: str) -> None:
+    """server/sublist.go ValidateMapping, reported as the API error ``err``."""
+    try:
+        validate_mapping(src, dest)
+    except TransformError as exc:
+        raise ApiError.of(err, err=str(exc)) from None
+
+
+def _republish_ok(src: str, dest: str) -> bool:
+    try:
+        new_transform(src, dest)
+    except TransformError:
         return False
     return True
-
-
-def _check_mapping(src: str, dest: str, err: str) -> None:
-    if not _transform_ok(src, dest):
-        raise ApiError.of(err, err="invalid subject")
 
 
 def check_update(old: dict, new: dict, ctx: CheckContext, single_server: bool) -> dict:

@@ -1,0 +1,646 @@
+"""Stream snapshots and restores: ``$JS.API.STREAM.SNAPSHOT.<stream>`` and ``RESTORE``.
+
+Not a step of a message's path: these take a whole stream out of the server (its
+configuration, every stored message and, unless asked not to, its consumers with
+their state) and put one back, the way ``nats stream backup/restore`` (nats-io/jsm.go)
+drives it.  The protocol is nats-server's (server/jetstream_api.go
+jsStreamSnapshotRequest, streamSnapshot, jsStreamRestoreRequest,
+processStreamRestore):
+
+* snapshot: the API answers with the stream's configuration and state, then the
+  archive goes to the request's ``deliver_subject`` in chunks; each full chunk has a
+  reply ``$JS.SNAPSHOT.ACK.<stream>.<id>.<size>.<n>`` whose answer frees room in a
+  window (``window_size / chunk_size`` chunks in flight, 5 s without an answer ends
+  it with ``408 No Flow Response``); the last, short chunk has no reply; the end is an
+  empty message (``204`` status once a full chunk went out, as the reference does).
+* restore: the API checks the configuration and answers with a subject
+  ``$JS.SNAPSHOT.RESTORE.<stream>.<id>``; the client sends the archive there in
+  chunks, each as a request answered with an empty message, then an empty request,
+  answered with a ``stream_create_response`` once the stream exists (or the error).
+
+The archive is our own: an S2 stream (natsjs/_core/s2.pyx framing, which clients
+decompress to show progress) of records ``kind, length, payload, CRC-32C``:
+``M`` the stream's configuration, creation time and bounds; ``m`` one message each;
+``c`` one consumer each (configuration, creation time and state); ``E`` the counts
+and a SHA-256 of everything before it.  A restore checks every record's checksum,
+the digest and the counts before anything is installed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import struct
+
+import trio
+
+from natsjs._core.s2 import S2Error, S2Reader, S2Writer, crc32c
+from natsjs.jetstream import consumercfg as CC
+from natsjs.jetstream import streamcfg as SC
+from natsjs.jetstream.errors import ApiError
+from natsjs.jetstream.jstime import now_ns, rfc3339_nano
+from natsjs.jetstream.store import (META, MSGS, OBS, ConsumerState, FileConsumerStore,
+                                    MemConsumerStore, open_message_log, write_json_atomic)
+
+T = "io.nats.jetstream.api.v1."
+MAGIC = b"NATSJSS1"
+K_META, K_MSG, K_CONSUMER, K_END = b"M", b"m", b"c", b"E"
+_REC = struct.Struct("<cI")          # kind, payload length
+_CRC = struct.Struct("<I")
+_MSG = struct.Struct("<QqHII")       # seq, ts, subject, header and payload lengths
+MAX_RECORD = 64 * 1024 * 1024 + 1024
+
+# server/jetstream_api.go: chunk and window defaults and bounds, ack timeout.
+DEFAULT_CHUNK = 128 * 1024
+DEFAULT_WINDOW = 8 * 1024 * 1024
+ACK_TIMEOUT = 5.0
+INTEREST_WAIT = 2.0
+RESTORE_IDLE = 5.0                  # processStreamRestore's activityInterval
+SNAPSHOTS_DIR = "__snapshots__"
+
+SNAPSHOT_ADV = "$JS.EVENT.ADVISORY.STREAM.SNAPSHOT_%s."
+RESTORE_ADV = "$JS.EVENT.ADVISORY.STREAM.RESTORE_%s."
+
+
+class ArchiveError(ValueError):
+    """An archive that cannot be restored; the text goes into the restore error."""
+
+
+# ---- the archive ------------------------------------------------------------------------
+
+def _record(kind: bytes, payload: bytes) -> bytes:
+    head = _REC.pack(kind, len(payload))
+    return head + payload + _CRC.pack(crc32c(payload, crc32c(head)))
+
+
+def archive_records(stream, consumers: bool, upto: int):
+    """The records of a stream's archive, messages read lazily up to ``upto``."""
+    store = stream.store
+    st = store.state()
+    meta = {"config": stream.cfg, "created": stream.created,
+            "first_seq": st["first_seq"], "last_seq": upto, "last_ts": st["last_ts"]}
+    digest = hashlib.sha256()
+    first = MAGIC + _record(K_META, json.dumps(meta, separators=(",", ":")).encode())
+    digest.update(first)
+    yield first
+    n = 0
+    seq = store.first_seq
+    while seq <= upto:
+        rec = store.load_next(seq)
+        if rec is None or rec[0] > upto:
+            break
+        mseq, subj, hdr, msg, ts = rec
+        hdr = hdr or b""
+        body = _MSG.pack(mseq, ts, len(subj), len(hdr), len(msg)) + subj + hdr + msg
+        out = _record(K_MSG, body)
+        digest.update(out)
+        n += 1
+        seq = mseq + 1
+        yield out
+    nc = 0
+    if consumers:
+        for c in list(stream.consumers.values()):
+            if c.direct:
+                continue
+            body = {"name": c.name, "config": c.cfg, "created": c.created,
+                    "state": c.st.to_json()}
+            out = _record(K_CONSUMER, json.dumps(body, separators=(",", ":")).encode())
+            digest.update(out)
+            nc += 1
+            yield out
+    end = {"messages": n, "consumers": nc, "sha256": digest.hexdigest()}
+    yield _record(K_END, json.dumps(end, separators=(",", ":")).encode())
+
+
+class ArchiveReader:
+    """Parses a decompressed archive fed in pieces, checking as it goes."""
+
+    def __init__(self):
+        self._buf = bytearray()
+        self._digest = hashlib.sha256()
+        self._magic = False
+        self.meta = None
+        self.end = None
+        self.messages = 0
+        self.consumers = []
+
+    def feed(self, data: bytes, on_msg) -> None:
+        buf = self._buf
+        buf += data
+        if not self._magic:
+            if len(buf) < len(MAGIC):
+                return
+            if bytes(buf[:len(MAGIC)]) != MAGIC:
+                raise ArchiveError("not a natsjs stream snapshot")
+            self._digest.update(MAGIC)
+            del buf[:len(MAGIC)]
+            self._magic = True
+        pos = 0
+        while len(buf) - pos >= _REC.size:
+            kind, size = _REC.unpack_from(buf, pos)
+            if size > MAX_RECORD:
+                raise ArchiveError("record too large")
+            total = _REC.size + size + _CRC.size
+            if len(buf) - pos < total:
+                break
+            raw = bytes(buf[pos:pos + total])
+            pos += total
+            payload = raw[_REC.size:_REC.size + size]
+            (crc,) = _CRC.unpack_from(raw, _REC.size + size)
+            if crc != crc32c(payload, crc32c(raw[:_REC.size])):
+                raise ArchiveError("checksum mismatch")
+            if self.end is not None:
+                raise ArchiveError("data after the end of the snapshot")
+            self._record(kind, payload, raw, on_msg)
+        del buf[:pos]
+
+    def _record(self, kind: bytes, payload: bytes, raw: bytes, on_msg) -> None:
+        if kind == K_END:
+            end = json.loads(payload)
+            if end.get("sha256") != self._digest.hexdigest():
+                raise ArchiveError("snapshot digest mismatch")
+            if end.get("messages") != self.messages or \
+                    end.get("consumers") != len(self.consumers):
+                raise ArchiveError("snapshot is incomplete")
+            self.end = end
+            return
+        self._digest.update(raw)
+        if kind == K_META:
+            if self.meta is not None:
+                raise ArchiveError("unexpected content")
+            self.meta = json.loads(payload)
+        elif self.meta is None:
+            raise ArchiveError("unexpected content")
+        elif kind == K_MSG:
+            seq, ts, sl, hl, ml = _MSG.unpack_from(payload)
+            p = _MSG.size
+            if p + sl + hl + ml != len(payload):
+                raise ArchiveError("bad message record")
+            subj = payload[p:p + sl]
+            hdr = payload[p + sl:p + sl + hl] or None
+            msg = payload[p + sl + hl:]
+            self.messages += 1
+            on_msg(seq, subj, hdr, msg, ts)
+        elif kind == K_CONSUMER:
+            self.consumers.append(json.loads(payload))
+        else:
+            raise ArchiveError("unexpected content")
+
+    def finish(self) -> None:
+        if self.end is None or self._buf:
+            raise ArchiveError("snapshot is incomplete")
+
+
+# ---- snapshot ---------------------------------------------------------------------------
+
+SNAPSHOT_REQUEST = None
+
+
+def _snapshot_schema():
+    global SNAPSHOT_REQUEST
+    if SNAPSHOT_REQUEST is None:
+        from natsjs.jetstream.schema import Struct
+        SNAPSHOT_REQUEST = Struct("JSApiStreamSnapshotRequest", {
+            "deliver_subject": "string", "no_consumers": "bool", "chunk_size": "int",
+            "window_size": "int", "jsck": "bool"})
+    return SNAPSHOT_REQUEST
+
+
+def client_info(jsa) -> dict:
+    """What advisories say about the requester: natsjs's API does not see the client
+    connection, so only the account and server are known."""
+    return {"acc": jsa.name, "server": jsa.js.server.name}
+
+
+def snapshot_request(api, jsa, name: str, hdr, body: bytes) -> dict:
+    """Answer a snapshot request and start sending the archive."""
+    rtype = "stream_snapshot_response"
+    from natsjs.jetstream.api import required_level
+    from natsjs.jetstream.subjects import valid_publish_subject
+    try:
+        if required_level(hdr) > SC.API_LEVEL:
+            raise ApiError.of("JSRequiredApiLevelErr")
+        if not body.strip():
+            raise ApiError.of("JSBadRequestErr")
+        stream = api._stream(jsa, name)
+        req = api._decode(body, _snapshot_schema())
+        if not valid_publish_subject(req.get("deliver_subject") or ""):
+            raise ApiError.of("JSSnapshotDeliverSubjectInvalidErr")
+    except ApiError as err:
+        return api._err(rtype, err)
+    st = stream.state()
+    cfg = SC.config_json(stream.cfg)
+    api.js.spawn(_send_snapshot, api, jsa, stream, req, st)
+    return {"type": T + rtype, "config": cfg, "state": st}
+
+
+async def _send_snapshot(api, jsa, stream, req: dict, state: dict) -> None:
+    js = api.js
+    server = api.server
+    acc = jsa.account
+    log = server.log
+    start = now_ns()
+    name = stream.name
+    js.advisory(SNAPSHOT_ADV % "CREATE" + name, "io.nats.jetstream.advisory.v1.snapshot_create",
+                {"stream": name, "state": state, "client": client_info(jsa)}, acc)
+    log.info("Starting snapshot for stream '%s > %s'", jsa.name, name)
+    err = None
+    try:
+        await _stream_chunks(js, acc, stream, req)
+    except _SnapshotStop as exc:
+        err = str(exc)
+    end = now_ns()
+    body = {"stream": name, "start": rfc3339_nano(start), "end": rfc3339_nano(end),
+            "client": client_info(jsa)}
+    if err:
+        body["error"] = err
+        log.warn("Snapshot for stream '%s > %s' failed after %.3fs: %s", jsa.name, name,
+                 (end - start) / 1e9, err)
+    else:
+        log.info("Completed snapshot of %d bytes for stream '%s > %s' in %.3fs",
+                 state["bytes"], jsa.name, name, (end - start) / 1e9)
+    js.advisory(SNAPSHOT_ADV % "COMPLETE" + name,
+                "io.nats.jetstream.advisory.v1.snapshot_complete", body, acc)
+
+
+class _SnapshotStop(Exception):
+    """The receiver stopped answering or went away (the text is the reference's)."""
+
+
+def _deliver(server, acc, subject: bytes, reply, raw: bytes, hdr_only: bool = True) -> None:
+    if hdr_only:
+        server.deliver(acc, subject, reply, raw, len(raw))
+    else:
+        server.deliver(acc, subject, reply, raw)
+
+
+async def _stream_chunks(js, acc, stream, req: dict) -> None:
+    """server/jetstream_api.go streamSnapshot."""
+    server = js.server
+    chunk = req.get("chunk_size") or DEFAULT_CHUNK
+    window = req.get("window_size") or DEFAULT_WINDOW
+    chunk = min(max(1024, chunk), 1024 * 1024)
+    window = max(min(max(1024, window), 32 * 1024 * 1024), chunk)
+    inflight = window // chunk
+    deliver = req["deliver_subject"].encode()
+
+    def interest() -> bool:
+        r = acc.sublist.match(deliver)
+        return bool(r.psubs or r.qsubs)
+
+    if not interest():
+        with trio.move_on_after(INTEREST_WAIT):
+            while not interest():
+                await trio.sleep(0.05)
+    slots = trio.Semaphore(inflight)
+    ack_base = "$JS.SNAPSHOT.ACK.%s.%s" % (stream.name, secrets.token_hex(11))
+
+    def on_ack(sub, subject, reply, hdr, msg):
+        if slots.value < inflight:
+            slots.release()
+    ack_sub = js.subscribe(acc, (ack_base + ".>").encode(), on_ack)
+    status = None
+    try:
+        writer = S2Writer("fast")
+        pending = bytearray()
+        index = 1
+        upto = stream.store.last_seq
+        records = archive_records(stream, not req.get("no_consumers"), upto)
+        exhausted = False
+        while True:
+            while len(pending) < chunk and not exhausted:
+                batch = bytearray()
+                for rec in records:
+                    batch += rec
+                    if len(batch) >= chunk:
+                        break
+                else:
+                    exhausted = True
+                if batch:
+                    pending += writer.compress(bytes(batch))
+                await trio.lowlevel.checkpoint()
+            if len(pending) < chunk:
+                if pending:
+                    _deliver(server, acc, deliver, None, bytes(pending), hdr_only=False)
+                break
+            with trio.move_on_after(ACK_TIMEOUT) as scope:
+                await slots.acquire()
+            if scope.cancelled_caught:
+                status = b"NATS/1.0 408 No Flow Response\r\n\r\n"
+                raise _SnapshotStop("no flow response")
+            if not interest():
+                status = b"NATS/1.0 408 No Interest\r\n\r\n"
+                raise _SnapshotStop("no interest")
+            piece = bytes(pending[:chunk])
+            del pending[:chunk]
+            reply = ("%s.%d.%d" % (ack_base, len(piece), index)).encode()
+            _deliver(server, acc, deliver, reply, piece, hdr_only=False)
+            if status is None:
+                status = b"NATS/1.0 204\r\n\r\n"
+            index += 1
+    except _SnapshotStop:
+        raise
+    except Exception as exc:   # a failure ends this snapshot, never the server
+        server.log.error("Snapshot of stream '%s > %s' failed: %r", stream.jsa.name,
+                         stream.name, exc)
+        status = b"NATS/1.0 500 %s\r\n\r\n" % str(exc).encode()
+        raise _SnapshotStop(str(exc)) from None
+    finally:
+        js.unsubscribe(acc, ack_sub)
+        # The end: a status (204 once a full chunk went out) or nothing at all.
+        if status:
+            _deliver(server, acc, deliver, None, status)
+        else:
+            _deliver(server, acc, deliver, None, b"", hdr_only=False)
+
+
+# ---- restore ----------------------------------------------------------------------------
+
+RESTORE_REQUEST = None
+
+
+def _restore_schema():
+    global RESTORE_REQUEST
+    if RESTORE_REQUEST is None:
+        from natsjs.jetstream.schema import RAW, Struct
+        RESTORE_REQUEST = Struct("JSApiStreamRestoreRequest", {
+            "config": SC.STREAM_CONFIG, "state": RAW})
+    return RESTORE_REQUEST
+
+
+def restore_request(api, jsa, name: str, hdr, body: bytes) -> dict:
+    """server/jetstream_api.go jsStreamRestoreRequest: check, then open a subject for
+    the archive."""
+    rtype = "stream_restore_response"
+    from natsjs.jetstream.api import required_level
+
+    def err(e: ApiError) -> dict:
+        out = api._err(rtype, e)
+        out["deliver_subject"] = ""
+        return out
+    try:
+        if required_level(hdr) > SC.API_LEVEL:
+            raise ApiError.of("JSRequiredApiLevelErr")
+        if not body.strip():
+            raise ApiError.of("JSBadRequestErr")
+        req = api._decode(body, _restore_schema())
+        cfg = SC.from_request(req.get("config") or {})
+        if not cfg["name"]:
+            cfg["name"] = name
+        if cfg["name"] != name:
+            raise ApiError.of("JSStreamMismatchErr")
+        if "\\" in name or "/" in name:
+            raise ApiError.of("JSStreamNameContainsPathSeparatorsErr")
+        cfg = SC.check_stream_config(cfg, api._check_context(jsa))
+        jsa.check_new_stream(cfg)
+        if name in jsa.streams:
+            raise ApiError.of("JSStreamNameExistRestoreFailedErr")
+    except ApiError as e:
+        return err(e)
+    session = _Restore(api, jsa, cfg)
+    session.start()
+    return {"type": T + rtype, "deliver_subject": session.subject.decode()}
+
+
+class _Restore:
+    """One restore: chunks land in a file under ``__snapshots__`` (each acknowledged
+    once written), the empty request at the end makes the stream out of them."""
+
+    def __init__(self, api, jsa, cfg: dict):
+        self.api = api
+        self.js = api.js
+        self.server = api.server
+        self.jsa = jsa
+        self.cfg = cfg
+        self.name = cfg["name"]
+        self.subject = ("$JS.SNAPSHOT.RESTORE.%s.%s" % (self.name, secrets.token_hex(11))).encode()
+        self.queue: list = []
+        self.wake = trio.lowlevel.ParkingLot()
+        self.sub = None
+        self.total = 0
+        self.start_ns = now_ns()
+        sdir = os.path.join(self.js.store_dir, jsa.name, SNAPSHOTS_DIR)
+        self.tmp = os.path.join(sdir, "snap-" + secrets.token_hex(8))
+
+    def start(self) -> None:
+        acc = self.jsa.account
+        log = self.server.log
+        log.info("Starting restore for stream '%s > %s'", self.jsa.name, self.name)
+        self.js.advisory(RESTORE_ADV % "CREATE" + self.name,
+                         "io.nats.jetstream.advisory.v1.restore_create",
+                         {"stream": self.name, "client": client_info(self.jsa)}, acc)
+
+        def on_chunk(sub, subject, reply, hdr, msg):
+            data = msg[hdr:] if hdr and hdr > 0 else msg
+            self.queue.append((reply, data))
+            self.wake.unpark()
+        self.sub = self.js.subscribe(acc, self.subject, on_chunk)
+        self.js.spawn(self.run)
+
+    async def run(self) -> None:
+        acc = self.jsa.account
+        reply = None
+        err = None
+        stream = None
+        try:
+            await trio.to_thread.run_sync(os.makedirs, self.tmp)
+            with open(os.path.join(self.tmp, "archive.s2"), "wb") as f:
+                while True:
+                    if not self.queue:
+                        with trio.move_on_after(RESTORE_IDLE) as scope:
+                            await self.wake.park()
+                        if scope.cancelled_caught:
+                            # Nobody to answer: the client is gone.
+                            self.server.log.warn("restore for stream '%s > %s' is stalled",
+                                                 self.jsa.name, self.name)
+                            return
+                        continue
+                    reply, data = self.queue.pop(0)
+                    if not reply:
+                        raise ArchiveError("restore for stream '%s > %s' requires reply "
+                                           "subject for each chunk" % (self.jsa.name,
+                                                                       self.name))
+                    if not data:
+                        break
+                    await trio.to_thread.run_sync(f.write, data)
+                    self.total += len(data)
+                    self.server.deliver(acc, reply, None, b"")
+            self._unsubscribe()
+            stream = await self._install(os.path.join(self.tmp, "archive.s2"))
+        except S2Error:
+            err = ArchiveError("s2: corrupt input")    # the reference's words
+        except (ApiError, ArchiveError, OSError, ValueError, KeyError, TypeError) as exc:
+            err = exc
+        finally:
+            self._unsubscribe()
+            await trio.to_thread.run_sync(shutil.rmtree, self.tmp, True)
+        self._finish(reply, err, stream)
+
+    def _unsubscribe(self) -> None:
+        if self.sub is not None:
+            self.js.unsubscribe(self.jsa.account, self.sub)
+            self.sub = None
+
+    def _finish(self, reply, err, stream) -> None:
+        acc = self.jsa.account
+        end = now_ns()
+        self.js.advisory(RESTORE_ADV % "COMPLETE" + self.name,
+                         "io.nats.jetstream.advisory.v1.restore_complete",
+                         {"stream": self.name, "start": rfc3339_nano(self.start_ns),
+                          "end": rfc3339_nano(end), "bytes": self.total,
+                          "client": client_info(self.jsa)}, acc)
+        log = self.server.log
+        if err is not None:
+            if isinstance(err, ApiError):
+                e = err if err.err_code == 10130 else \
+                    ApiError.of("JSStreamRestoreErrF", err=err.description)
+            else:
+                e = ApiError.of("JSStreamRestoreErrF", err=str(err))
+            resp = {"type": T + "stream_create_response", "error": e.to_dict()}
+            log.warn("Restore failed for %d bytes for stream '%s > %s' in %.3fs: %s",
+                     self.total, self.jsa.name, self.name, (end - self.start_ns) / 1e9,
+                     e.description)
+        else:
+            cfg = SC.with_dynamic_metadata(stream.cfg, self.js.version)
+            resp = {"type": T + "stream_create_response", "config": SC.config_json(cfg),
+                    "created": rfc3339_nano(stream.created), "state": stream.state(),
+                    "ts": rfc3339_nano(now_ns())}
+            log.info("Completed restore of %d bytes for stream '%s > %s' in %.3fs",
+                     self.total, self.jsa.name, self.name, (end - self.start_ns) / 1e9)
+        if reply:
+            self.server.deliver(acc, reply, None,
+                                json.dumps(resp, separators=(",", ":")).encode())
+
+    async def _install(self, archive: str):
+        """Check the whole archive, then make the stream and its consumers."""
+        jsa = self.jsa
+        cfg = self.cfg
+        reader = ArchiveReader()
+        # Pass one: every checksum, the digest and the counts, before anything exists.
+        await self._read(archive, reader, lambda *m: None)
+        reader.finish()
+        meta = reader.meta
+        if meta.get("config", {}).get("name") != cfg["name"]:
+            raise ArchiveError("stream names do not match")
+        if cfg["name"] in jsa.streams or cfg["name"] in _installing(self.api):
+            raise ApiError.of("JSStreamNameExistRestoreFailedErr")
+        _installing(self.api).add(cfg["name"])
+        try:
+            return await self._build(archive, meta, reader)
+        finally:
+            _installing(self.api).discard(cfg["name"])
+
+    async def _read(self, archive: str, reader: ArchiveReader, on_msg) -> None:
+        s2 = S2Reader()
+        with open(archive, "rb") as f:
+            while True:
+                data = await trio.to_thread.run_sync(f.read, 1 << 20)
+                if not data:
+                    break
+                reader.feed(s2.feed(data), on_msg)
+                await trio.lowlevel.checkpoint()
+        s2.finish()
+
+    async def _build(self, archive: str, meta: dict, first_pass: ArchiveReader):
+        from natsjs.jetstream.consumer import Consumer
+        from natsjs.jetstream.stream import Stream
+        jsa = self.jsa
+        js = self.js
+        cfg = self.cfg
+        path = None
+        # A new creation time, as nats-server 2.15 gives (its identity changes too).
+        created = now_ns()
+        if cfg["storage"] == "file":
+            path = os.path.join(jsa.dir, "streams", cfg["name"])
+            await trio.to_thread.run_sync(_prepare_dir, path, cfg, created)
+        first = int(meta.get("first_seq") or 1)
+        store = open_message_log(os.path.join(path, MSGS) if path else None,
+                                 dict(cfg, first_seq=first))
+        added = [0]
+        limit = _storage_room(jsa, cfg)
+
+        def on_msg(seq, subj, hdr, msg, ts):
+            store.append(subj, hdr, msg, ts, seq)
+            added[0] += len(subj) + len(hdr or b"") + len(msg)
+            if added[0] > limit:
+                raise ApiError.of("JSStorageResourcesExceededErr" if cfg["storage"] == "file"
+                                  else "JSMemoryResourcesExceededErr")
+        try:
+            await self._read(archive, ArchiveReader(), on_msg)
+            last = int(meta.get("last_seq") or 0)
+            if last > store.last_seq:
+                # What the stream had deleted at its end still counts in its sequence.
+                store.append(b"_", None, b"", int(meta.get("last_ts") or 0), last)
+                store.remove(last)
+            s = store.begin_sync()
+            await trio.to_thread.run_sync(s.run)
+            store.mark_synced(s)
+        except BaseException:
+            store.close()
+            if path:
+                await trio.to_thread.run_sync(shutil.rmtree, path, True)
+            raise
+        stream = Stream(jsa, cfg, created, store, path)
+        for c in first_pass.consumers:
+            ccfg = CC.blank_config()
+            ccfg.update(c["config"])
+            state = ConsumerState.from_json(c["state"])
+            cname = c["name"]
+            if path and not ccfg["mem_storage"]:
+                d = os.path.join(path, OBS, cname)
+                await trio.to_thread.run_sync(_write_consumer, d, ccfg, created)
+                cstore = FileConsumerStore(d)
+                await trio.to_thread.run_sync(cstore.snapshot, state)
+            else:
+                cstore = MemConsumerStore()
+            stream.consumers[cname] = Consumer(stream, ccfg, cname, created, cstore, state)
+        jsa.streams[cfg["name"]] = stream
+        js.start_stream(stream)
+        acc = jsa.account
+        js.advisory("$JS.EVENT.ADVISORY.STREAM.CREATED." + cfg["name"],
+                    "io.nats.jetstream.advisory.v1.stream_action",
+                    {"stream": cfg["name"], "action": "create"}, acc)
+        for cname in stream.consumers:
+            js.advisory("$JS.EVENT.ADVISORY.CONSUMER.CREATED.%s.%s" % (cfg["name"], cname),
+                        "io.nats.jetstream.advisory.v1.consumer_action",
+                        {"stream": cfg["name"], "consumer": cname, "action": "create"}, acc)
+        return stream
+
+
+def _installing(api) -> set:
+    s = getattr(api, "_restoring", None)
+    if s is None:
+        s = api._restoring = set()
+    return s
+
+
+def _storage_room(jsa, cfg: dict) -> int:
+    """Bytes a restored stream may bring in (account and server limits)."""
+    is_mem = cfg["storage"] == "memory"
+    room = (jsa.js.max_memory - jsa.js.memory_used()) if is_mem else \
+        (jsa.js.max_store - jsa.js.store_used())
+    cap = jsa.limits.max_memory if is_mem else jsa.limits.max_store
+    if cap >= 0:
+        mem, store = jsa.usage()
+        room = min(room, cap - (mem if is_mem else store))
+    if cfg["max_bytes"] > 0 and cfg["discard"] == "new":
+        room = min(room, cfg["max_bytes"])
+    return room
+
+
+def _prepare_dir(path: str, cfg: dict, created: int) -> None:
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.makedirs(os.path.join(path, MSGS))
+    write_json_atomic(os.path.join(path, META), {"config": cfg, "created": created})
+
+
+def _write_consumer(d: str, cfg: dict, created: int) -> None:
+    os.makedirs(d, exist_ok=True)
+    write_json_atomic(os.path.join(d, META), {"config": cfg, "created": created})
+
+
+__all__ = ["snapshot_request", "restore_request", "archive_records", "ArchiveReader",
+           "ArchiveError"]
