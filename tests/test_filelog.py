@@ -436,9 +436,9 @@ def random_ops(opener, seed, steps=400, reopen=True, block_size=4096):
             seq = rnd.randrange(0, model.last + 10)
             assert log.compact(seq) == model.compact(seq)
         elif op < 0.80:
-            if model.msgs:
-                seq = rnd.randrange(max(model.first - 1, 1), model.last + 2)
-                assert log.truncate(seq) == model.truncate(seq)
+            low = 0 if rnd.random() < 0.1 else max(model.first - 1, 0)
+            seq = rnd.randrange(low, model.last + 2)
+            assert log.truncate(seq) == model.truncate(seq)
         elif op < 0.84:
             before = rnd.randrange(0, ts + 5)
             assert log.expire(before) == model.expire(before)

@@ -21,11 +21,11 @@ while active, each a run of records::
     8  u64 sequence               -8 u64 XXH64 (seed 0) of everything before it
 
 Kinds: MSG; TOMB (a deletion, naming the sequence); SKIP (sequences a Raft follower
-skipped, the last one in the body); FLOOR (every sequence below ``seq`` is gone and
-last_seq is at least the one in the body; each new block opens with one, so the
+skipped, the last one in the body); FLOOR (every sequence below ``seq`` is gone, and
+last_seq/last_ts are at least those in the body; each new block opens with one, so the
 sequence range survives any removal of older blocks); TRUNC (every sequence above
-``seq`` written before it is gone: Raft truncation); ERASED (a secure-deleted message
-rewritten in place with zeroes).  A record is trusted only when its header check and
+``seq`` written before it is gone: Raft truncation; last_ts in the body); ERASED (a
+secure-deleted message rewritten in place with zeroes).  A record is trusted only when its header check and
 checksum both hold; the header check lets recovery resynchronise after a corrupt length
 by looking for the next magic byte whose header checks out.
 
@@ -1010,11 +1010,9 @@ cdef class _Log:
     cdef int maybe_drop(self, Block b) except -1:
         """Drop a sealed block without live messages, when no older block needs its
         tombstones or truncation markers; then any dead blocks at the front."""
-        if b is None or b is self.active or b.removed or b.live:
-            return 0
-        if b is not self.blocks[0] and b.has_ext:
-            return 0
-        self.drop_block(b)
+        if (b is not None and b is not self.active and not b.removed and not b.live
+                and (b is self.blocks[0] or not b.has_ext)):
+            self.drop_block(b)
         while self.blocks:
             b = <Block>self.blocks[0]
             if b is self.active or b.live:
@@ -1169,7 +1167,8 @@ cdef class _Log:
         cdef bytes rec = PyBytes_FromStringAndSize(NULL, rlen)
         cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(rec)
         memset(p, 0, rlen)
-        put_header(p, K_ERASED, 0, rlen, seq, 0, 0)
+        # The timestamp stays: it is metadata (last_ts survives the erase, as in nats-server).
+        put_header(p, K_ERASED, 0, rlen, seq, SL(self, seq).ts, 0)
         if self.checksums:
             st64(p + rlen - SUM, xxh64_c(p, rlen - SUM, 0))
         if off + rlen > base:
@@ -1485,7 +1484,7 @@ cdef class _Log:
         if old is not None and old.size > (FLOOR_LEN if self.durable else 0):
             self.new_block()
             self.maybe_drop(old)
-        elif self.durable and old is not None:
+        elif self.durable:
             self.put_floor(self.first)
         return 0
 
@@ -1552,22 +1551,23 @@ cdef class _Log:
     def truncate(self, uint64_t seq):
         """Remove every message above seq (Raft log truncation); last_seq becomes seq."""
         cdef uint64_t s, n = 0
+        cdef uint8_t body[8]
         cdef Block b
         self.check_open()
         if seq >= self.last:
             return 0
-        if seq and seq + 1 < self.first and self.msgs:
-            raise ValueError(f"cannot truncate to {seq}, below first_seq {self.first}")
+        # server/memstore.go Truncate: last_ts becomes the kept last message's, if live.
+        if HAS(self, seq) and SL(self, seq).flags & SLOT_LIVE:
+            self.last_ts = SL(self, seq).ts
         if self.durable:
-            self.put(K_TRUNC, seq, 0, NULL, 0, NULL, 0, NULL, 0)
+            st64(body, <uint64_t>self.last_ts)
+            self.put(K_TRUNC, seq, 0, NULL, 0, NULL, 0, body, 8)
             self.put_block.has_ext = True
         s = self.last
-        while s > seq:
+        while s > seq and s >= self.sbase:
             if HAS(self, s) and self.remove_c(s, False, False):
                 n += 1
             s -= 1
-        if HAS(self, seq) and SL(self, seq).flags & SLOT_LIVE:
-            self.last_ts = SL(self, seq).ts
         if seq + 1 > self.sbase:
             if seq + 1 - self.sbase < self.nslots:
                 self.nslots = seq + 1 - self.sbase
@@ -1584,9 +1584,8 @@ cdef class _Log:
                 else:
                     b.last = seq
         if self.msgs == 0:
-            self.first = seq + 1 if seq else 0
-            if seq == 0:
-                self.last = 0
+            # Below the first sequence too (a Raft log reset): the next one is seq + 1.
+            self.first = seq + 1
         for b in list(self.blocks):
             if not b.removed:
                 self.maybe_drop(b)
@@ -1759,7 +1758,7 @@ cdef class MemLog(_Log):
     cdef int erase(self, Block b, uint64_t off, uint32_t rlen, uint64_t seq) except -1:
         cdef uint8_t* p = b.buf + b.bstart + (off - (b.size - b.blen))
         memset(p + HDR, 0, rlen - HDR)
-        put_header(p, K_ERASED, 0, rlen, seq, 0, 0)
+        put_header(p, K_ERASED, 0, rlen, seq, SL(self, seq).ts, 0)
         return 0
 
     def __repr__(self):
@@ -1830,9 +1829,9 @@ cdef class FileLog(_Log):
                 data = fh.read()
             if data[:8] == ZMAGIC:
                 content = self.decode_compressed(b, data)
+                b.compressed = True
                 if content is None:
                     continue
-                b.compressed = True
                 data = content
             n = len(data)
             b.size = b.flushed = b.synced = n
@@ -1994,6 +1993,8 @@ cdef class FileLog(_Log):
                 s.flags = (s.flags & ~SLOT_LIVE) | SLOT_TOMB
                 if kind == K_TOMB and s.blk != b.index:
                     b.has_ext = True
+            if kind == K_ERASED and seq >= self.rc_max:
+                self.last_ts = <int64_t>ld64(r + 16)
             if seq > self.rc_max:
                 self.rc_max = seq
         elif kind == K_SKIP:
@@ -2012,11 +2013,15 @@ cdef class FileLog(_Log):
                 self.rc_max = seq - 1
         elif kind == K_TRUNC:
             b.has_ext = True
-            if HAS(self, seq) or seq < self.sbase:
-                self.nslots = seq + 1 - self.sbase if seq >= self.sbase else 0
+            if seq + 1 < self.rc_floor:
+                self.rc_floor = seq + 1
+            if seq < self.sbase:
+                self.nslots = 0
+                self.sbase = seq + 1
+            elif HAS(self, seq):
+                self.nslots = seq + 1 - self.sbase
             self.rc_max = seq
-            if HAS(self, seq) and SL(self, seq).flags & SLOT_LIVE:
-                self.last_ts = SL(self, seq).ts
+            self.last_ts = <int64_t>ld64(r + HDR)
             for o in self.blocks:
                 if o.last > seq:
                     if o.first > seq:
