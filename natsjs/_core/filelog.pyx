@@ -42,6 +42,7 @@ for the file log, ``server/memstore.go`` memStoreMsgSize (subject + headers + pa
 Truncate in those files (a full purge leaves first_seq = last_seq + 1).
 """
 
+import mmap
 import os
 import time
 import weakref
@@ -1825,21 +1826,8 @@ cdef class FileLog(_Log):
             self.blkv.append(b)
             self.blocks.append(b)
             self.next_index = index + 1
-            with open(b.path, "rb") as fh:
-                data = fh.read()
-            if data[:8] == ZMAGIC:
-                content = self.decode_compressed(b, data)
-                b.compressed = True
-                if content is None:
-                    continue
-                data = content
-            n = len(data)
-            b.size = b.flushed = b.synced = n
-            end = self.scan(b, <const uint8_t*>PyBytes_AS_STRING(data), n,
-                            i == len(indices) - 1)
-            if end < n:
-                if b.compressed:
-                    continue
+            end = self.scan_file(b, i == len(indices) - 1)
+            if end < b.size and not b.compressed:
                 os.truncate(b.path, end)
                 b.size = b.flushed = b.synced = end
         self.recovery["blocks"] = len(indices)
@@ -1888,6 +1876,33 @@ cdef class FileLog(_Log):
             if not b.removed:
                 self.maybe_drop(b)
         self.recovery["seconds"] = time.perf_counter() - t0
+
+    cdef size_t scan_file(self, Block b, bint last_block) except? 0:
+        """Scan one block file in place (mmap: no copy of the log into memory)."""
+        cdef const uint8_t[::1] view
+        cdef size_t n
+        with open(b.path, "rb") as fh:
+            n = os.fstat(fh.fileno()).st_size
+            if n == 0:
+                return 0
+            if fh.read(8) == ZMAGIC:
+                fh.seek(0)
+                content = self.decode_compressed(b, fh.read())
+                b.compressed = True
+                if content is None:
+                    return 0
+                view = content
+                b.size = b.flushed = b.synced = len(content)
+                return self.scan(b, &view[0], len(content), False)
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            mm.madvise(mmap.MADV_SEQUENTIAL)
+            view = mm
+            b.size = b.flushed = b.synced = n
+            return self.scan(b, &view[0], n, last_block)
+        finally:
+            view = None
+            mm.close()
 
     cdef object decode_compressed(self, Block b, bytes data):
         cdef const uint8_t* d = <const uint8_t*>PyBytes_AS_STRING(data)
