@@ -369,13 +369,12 @@ cdef class Block:
         cdef uint8_t* nb
         if self.bcap - self.bstart - self.blen >= n:
             return 0
-        if self.bstart and self.bcap - self.blen >= n and self.bstart >= self.blen:
-            memmove(self.buf, self.buf + self.bstart, self.blen)
-            self.bstart = 0
-            return 0
         if self.bstart:
+            # Bytes below bstart were synced and released: reuse their room first.
             memmove(self.buf, self.buf + self.bstart, self.blen)
             self.bstart = 0
+            if self.bcap - self.blen >= n:
+                return 0
         ncap = self.bcap * 2 if self.bcap else 64 * 1024
         while ncap < self.blen + n:
             ncap *= 2
@@ -1175,6 +1174,7 @@ cdef class _Log:
         if off + rlen > base:
             memcpy(b.buf + b.bstart + (off - base), p, rlen)
         if b.compressed:
+            self.before_compaction()
             self.rewrite_block(b)
         elif off < b.flushed:
             self.write_at(b, rec, off)
@@ -1601,9 +1601,13 @@ cdef class _Log:
     cdef int store_block(self, Block b, bytes content) except -1:
         """Replace a sealed block's content (atomically for files)."""
         cdef size_t n = len(content)
-        b.blen = 0
+        free(b.buf)
+        b.buf = <uint8_t*>malloc(n or 1)
+        if b.buf == NULL:
+            b.bcap = b.blen = b.bstart = 0
+            raise MemoryError()
+        b.bcap = n
         b.bstart = 0
-        b.reserve(n)
         memcpy(b.buf, PyBytes_AS_STRING(content), n)
         b.blen = n
         b.size = b.flushed = b.synced = n
@@ -2174,6 +2178,10 @@ cdef class FileLog(_Log):
             if end > b.synced:
                 b.synced = end
                 b.release_to(end)
+            if b is not self.active and b.blen == 0 and b.buf != NULL:
+                free(b.buf)
+                b.buf = NULL
+                b.bcap = 0
         if s.seq > self.synced:
             self.synced = s.seq
         if self.erasures:
