@@ -879,3 +879,112 @@ def test_full_disk(tiny_tmpfs):
         assert all(log.load(s) is not None for s in range(1, seq + 6))
     finally:
         log.close()
+
+
+# ---------------------------------------------------------------------------------------
+# More recovery cases
+
+
+def test_context_manager_closes(tmp_path):
+    with FileLog(str(tmp_path / "cm")) as log:
+        log.append(b"a", None, b"x", 1)
+    with pytest.raises(ValueError):
+        log.append(b"a", None, b"y", 2)
+    with FileLog(str(tmp_path / "cm")) as log:
+        assert log.load(1) == (b"a", None, b"x", 1)
+    with MemLog() as mem:
+        mem.append(b"a", None, b"x", 1)
+
+
+def test_cut_tail_of_a_sealed_block_is_reported_as_lost(fopener):
+    log = fopener(block_size=4096)
+    fill(log, 200)
+    log.close()
+    first = block_files(fopener.path)[0]
+    data = first.read_bytes()
+    recs = [r for r in records(data) if r[1] == K_MSG]
+    off, _, rlen, seq = recs[-3]
+    first.write_bytes(data[:off + rlen // 2])  # an older block lost its last writes
+    log = FileLog(str(fopener.path), block_size=4096)
+    fopener.logs.append(log)
+    rec = log.recovery
+    assert rec["truncated_bytes"] == 0
+    assert len(rec["corrupt"]) == 1 and rec["corrupt"][0]["offset"] == off
+    assert rec["lost"] == [(seq, seq + 2)]
+    assert log.load(seq - 1) is not None and log.load(seq) is None and log.load(seq + 2) is None
+    assert log.load(seq + 3) == (b"s.%d" % ((seq + 2) % 3), None, b"payload-%d" % (seq + 2),
+                                 seq + 2)
+    assert log.msgs == 197 and log.last_seq == 200
+
+
+def test_corrupt_compressed_block_is_reported(fopener):
+    log = fopener(block_size=4096, compression="s2")
+    fill(log, 300)
+    s = log.begin_sync()
+    s.run()
+    log.mark_synced(s)
+    assert log.compact_blocks() > 0
+    log.close()
+    compressed = [p for p in block_files(fopener.path) if p.read_bytes()[:8] == b"\xa9NJS2BLK"]
+    victim = compressed[1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    log = FileLog(str(fopener.path), block_size=4096, compression="s2")
+    fopener.logs.append(log)
+    rec = log.recovery
+    assert [c["reason"] for c in rec["corrupt"]] == ["compressed block checksum mismatch"]
+    assert len(rec["lost"]) == 1
+    lo, hi = rec["lost"][0]
+    assert lo <= hi and all(log.load(s) is None for s in range(lo, hi + 1))
+    assert log.load(1) is not None and log.load(300) is not None
+    assert log.msgs == 300 - (hi - lo + 1)
+
+
+# ---------------------------------------------------------------------------------------
+# Byte accounting against the reference nats-server
+
+
+def test_bytes_match_the_reference_server(reference_server, tmp_path):
+    """The same messages in a nats-server file and memory stream: state.bytes equals
+    what FileLog and MemLog count for the stored subject, headers and payload."""
+    import asyncio
+
+    import nats
+
+    msgs = [(b"orders.new", None, b"hello"),
+            (b"orders.eu.paid", {"Nats-Msg-Id": "abc", "K": "v"}, b"x" * 100),
+            (b"orders.new", None, b""),
+            (b"orders.x", {"A": "1"}, b"y" * 1000)]
+    srv = reference_server("-js", "-sd", str(tmp_path / "js"))
+
+    async def run():
+        nc = await nats.connect(srv.url)
+        js = nc.jetstream()
+        out = {}
+        for storage in ("file", "memory"):
+            name = "S" + storage.upper()
+            await js.add_stream(name=name, subjects=[f"{storage}.>"], storage=storage)
+            for subj, hdrs, payload in msgs:
+                await js.publish(f"{storage}.{subj.decode()}", payload, headers=hdrs)
+            info = await js.stream_info(name)
+            got = []
+            for seq in range(1, len(msgs) + 1):
+                m = await js.get_msg(name, seq)
+                raw_hdr = None
+                if m.headers:
+                    raw_hdr = b"NATS/1.0\r\n" + b"".join(
+                        b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in m.headers.items()
+                    ) + b"\r\n"
+                got.append((m.subject.encode(), raw_hdr, m.data or b""))
+            out[storage] = (info.state.bytes, got)
+        await nc.close()
+        return out
+
+    out = asyncio.run(asyncio.wait_for(run(), 60))
+    for storage, log in (("file", FileLog(str(tmp_path / "ours"))), ("memory", MemLog())):
+        ref_bytes, stored = out[storage]
+        for subj, hdr, payload in stored:
+            log.append(subj, hdr, payload, 1)
+        assert log.bytes == ref_bytes, storage
+        log.close()
