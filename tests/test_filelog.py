@@ -334,6 +334,20 @@ def test_byte_accounting_matches_the_reference_formulas():
     assert mem.bytes == (3 + 5 + 16) + (3 + 2 + 5 + 16)
 
 
+def test_memory_log_gives_memory_back():
+    log = MemLog(block_size=64 * 1024)
+    for i in range(20000):
+        log.append(b"m.%d" % (i % 10), None, b"v" * 100, i)
+    full = log.store_bytes
+    rnd = random.Random(5)
+    gone = set(rnd.sample(range(1, 20001), 18000))
+    for seq in gone:
+        assert log.remove(seq)
+    assert log.store_bytes < full * 0.3
+    assert log.msgs == 2000
+    assert all((log.load(s) is None) == (s in gone) for s in range(1, 20001))
+
+
 def test_first_seq_and_skips(opener):
     log = opener(first_seq=100)
     assert (log.first_seq, log.last_seq) == (100, 99)
@@ -730,6 +744,20 @@ def test_removed_blocks_go_only_after_a_sync(fopener):
     assert len(block_files(fopener.path)) < nblocks
     log = fopener.reopen(log)
     assert (log.first_seq, log.last_seq, log.msgs) == (400, 500, 101)
+
+
+def test_open_descriptors_stay_bounded(fopener):
+    log = fopener(block_size=4096)
+    fill(log, 5000, payload=b"%d" + b"z" * 100)
+    log = fopener.reopen(log)
+    assert log.num_blocks > 150
+    before = len(os.listdir("/proc/self/fd"))
+    for seq in range(1, 5001, 7):
+        assert log.load(seq) is not None
+    assert len(os.listdir("/proc/self/fd")) - before <= 64
+    s = log.begin_sync()
+    s.run()
+    assert log.mark_synced(s)
 
 
 def test_sync_from_a_worker_thread_while_appending(fopener):

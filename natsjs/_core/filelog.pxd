@@ -192,6 +192,7 @@ cdef class FileLog(_Log):
     cdef int dirfd
     cdef bint s2
     cdef Block cached          # the one compressed block whose content is decoded
+    cdef list fd_blocks        # blocks holding an open descriptor, oldest first
     # recovery scan state
     cdef uint64_t rc_floor
     cdef uint64_t rc_max

@@ -86,6 +86,7 @@ cdef enum:
 cdef uint32_t NOBLK = 0xFFFFFFFF
 cdef uint32_t NOID = 0xFFFFFFFF
 cdef bytes ZMAGIC = b"\xa9NJS2BLK"
+cdef Py_ssize_t MAX_OPEN_BLOCKS = 64
 cdef size_t ZHDR = 24
 DEFAULT_BLOCK_SIZE = 8 * 1024 * 1024
 MEM_BLOCK_SIZE = 1024 * 1024
@@ -1159,6 +1160,11 @@ cdef class _Log:
         if self.msgs == 0:
             self.first = self.last + 1
         self.maybe_drop(b)
+        if (not self.durable and not b.removed and b is not self.active and b.live
+                and b.live_bytes * 2 < b.size):
+            # Memory is what a memory log holds: give half a segment back at once
+            # (each rewrite halves the segment, so the cost per removal stays constant).
+            self.rewrite_block(b)
         return True
 
     cdef int erase(self, Block b, uint64_t off, uint32_t rlen, uint64_t seq) except -1:
@@ -1308,6 +1314,14 @@ cdef class _Log:
     @property
     def num_blocks(self):
         return len(self.blocks)
+
+    @property
+    def store_bytes(self):
+        """Bytes of records the blocks hold (live, dead and markers; uncompressed)."""
+        cdef uint64_t n = 0
+        for b in self.blocks:
+            n += (<Block>b).size
+        return n
 
     def state(self):
         """nats-server StreamState fields (timestamps as int ns, 0 when unset)."""
@@ -1780,6 +1794,7 @@ cdef class FileLog(_Log):
         self._setup(True, block_size, first_seq)
         self.s2 = compression == "s2"
         self.dirfd = -1
+        self.fd_blocks = []
         self.dirpath = os.fspath(dir)
         self.blkdir = os.path.join(self.dirpath, "blk")
         os.makedirs(self.blkdir, exist_ok=True)
@@ -2052,8 +2067,30 @@ cdef class FileLog(_Log):
     # ---- files -------------------------------------------------------------------
 
     cdef int ensure_fd(self, Block b) except -1:
-        if b.fd < 0:
-            b.fd = os.open(b.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        cdef Block o
+        if b.fd >= 0:
+            return 0
+        b.fd = os.open(b.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.fd_blocks.append(b)
+        if len(self.fd_blocks) > MAX_OPEN_BLOCKS:
+            # A long log must not run out of descriptors: close the oldest-opened ones
+            # that nothing is writing (a sealed block reopens on its next read).
+            excess = -(MAX_OPEN_BLOCKS // 2)
+            for o in self.fd_blocks:
+                if o.fd >= 0:
+                    excess += 1
+            keep = []
+            for o in self.fd_blocks:
+                if o.fd < 0:
+                    continue
+                if (excess > 0 and o is not b and o is not self.active
+                        and not o.dirty_listed):
+                    close(o.fd)
+                    o.fd = -1
+                    excess -= 1
+                else:
+                    keep.append(o)
+            self.fd_blocks = keep
         return 0
 
     cdef const uint8_t* read_file(self, Block b, uint64_t off, uint32_t rlen) except NULL:
