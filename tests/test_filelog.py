@@ -64,6 +64,13 @@ class Model:
         self._fix_first()
         return seq
 
+    def skip(self, seq=0, num=1):
+        if seq == 0:
+            seq = self.last + 1
+        self.last = seq + num - 1
+        self._fix_first()
+        return self.last
+
     def remove(self, seq):
         if seq not in self.msgs:
             return False
@@ -357,8 +364,17 @@ def test_first_seq_and_skips(opener):
     assert log.append(b"a", None, b"x", 2, seq=1000) == 1000
     assert (log.first_seq, log.last_seq) == (1000, 1000)
     assert log.deleted() == []
+    assert log.skip() == 1001 and log.skip(1005, 3) == 1007
+    assert (log.first_seq, log.last_seq, log.msgs) == (1000, 1007, 1)
+    assert log.deleted() == list(range(1001, 1008))
+    with pytest.raises(ValueError):
+        log.skip(1007)
     log = opener.reopen(log)
-    assert (log.first_seq, log.last_seq, log.msgs) == (1000, 1000, 1)
+    assert (log.first_seq, log.last_seq, log.msgs) == (1000, 1007, 1)
+    log.remove(1000)
+    assert log.skip(num=2) == 1009 and (log.first_seq, log.last_seq) == (1010, 1009)
+    log = opener.reopen(log)
+    assert (log.first_seq, log.last_seq, log.msgs) == (1010, 1009, 0)
 
 
 def test_filters_and_sparse_subjects(opener):
@@ -438,6 +454,10 @@ def random_ops(opener, seed, steps=400, reopen=True, block_size=4096):
                 if rnd.random() < 0.05:
                     seq = model.last + rnd.randrange(1, 5)
                 assert log.append(subj, hdr, msg, ts, seq) == model.append(subj, hdr, msg, ts, seq)
+        elif op < 0.57:
+            seq = rnd.choice([0, model.last + rnd.randrange(1, 4)])
+            num = rnd.randrange(1, 4)
+            assert log.skip(seq, num) == model.skip(seq, num)
         elif op < 0.70:
             seq = rnd.randrange(max(model.first - 2, 0), model.last + 3)
             assert log.remove(seq, rnd.random() < 0.2) == model.remove(seq)

@@ -167,6 +167,7 @@ cdef class _Log:
     cdef uint64_t append_c(self, const uint8_t* subj, size_t slen, const uint8_t* hdr,
                            size_t hlen, const uint8_t* msg, size_t mlen, int64_t ts,
                            uint64_t seq) except 0
+    cdef int skip_to(self, uint64_t upto) except -1
     cdef int advance_first(self) except -1
     cdef bint remove_c(self, uint64_t seq, bint secure, bint marker) except -1
     cdef int erase(self, Block b, uint64_t off, uint32_t rlen, uint64_t seq) except -1

@@ -1049,19 +1049,7 @@ cdef class _Log:
         elif seq <= self.last:
             raise ValueError(f"sequence {seq} is not above last_seq {self.last}")
         if seq > self.last + 1:
-            if self.msgs == 0:
-                # Nothing live: the gap simply moves the start of the log.
-                self.last = seq - 1
-                self.first = seq
-                if self.durable:
-                    self.put_floor(seq)
-                self.drop_slots_below(seq)
-            else:
-                if self.durable:
-                    st64(body, seq - 1)
-                    self.put(K_SKIP, self.last + 1, 0, NULL, 0, NULL, 0, body, 8)
-                self.ensure_seq(seq - 1)
-                self.last = seq - 1
+            self.skip_to(seq - 1)
         sid = self.subject_id(subj, slen)
         off = self.put(K_MSG, seq, ts, subj, slen, hdr, hlen, msg, mlen)
         b = self.put_block
@@ -1088,6 +1076,37 @@ cdef class _Log:
         b.last = seq
         idset_add(&b.subjects, sid)
         return seq
+
+    cdef int skip_to(self, uint64_t upto) except -1:
+        """Sequences last_seq+1 .. upto are used without a message (deleted)."""
+        cdef uint8_t body[8]
+        if self.msgs == 0:
+            # Nothing live: the gap simply moves the start of the log.
+            self.last = upto
+            self.first = upto + 1
+            if self.durable:
+                self.put_floor(upto + 1)
+            self.drop_slots_below(upto + 1)
+        else:
+            if self.durable:
+                st64(body, upto)
+                self.put(K_SKIP, self.last + 1, 0, NULL, 0, NULL, 0, body, 8)
+            self.ensure_seq(upto)
+            self.last = upto
+        return 0
+
+    def skip(self, uint64_t seq=0, uint64_t num=1):
+        """Use sequences without storing messages (nats-server SkipMsg / SkipMsgs):
+        seq..seq+num-1 (seq=0: last_seq + 1) become deleted; returns the last one."""
+        self.check_open()
+        if seq == 0:
+            seq = self.last + 1
+        elif seq <= self.last:
+            raise ValueError(f"sequence {seq} is not above last_seq {self.last}")
+        if num == 0:
+            raise ValueError("num must be at least 1")
+        self.skip_to(seq + num - 1)
+        return seq + num - 1
 
     def append(self, subject, hdr, msg, int64_t ts, uint64_t seq=0):
         """Buffer one message; returns its sequence (seq=0: last_seq + 1).  hdr may be
