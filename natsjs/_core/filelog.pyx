@@ -1035,7 +1035,6 @@ cdef class _Log:
     cdef uint64_t append_c(self, const uint8_t* subj, size_t slen, const uint8_t* hdr,
                            size_t hlen, const uint8_t* msg, size_t mlen, int64_t ts,
                            uint64_t seq) except 0:
-        cdef uint8_t body[8]
         cdef uint32_t sid
         cdef uint64_t off
         cdef Slot* s
@@ -1486,7 +1485,6 @@ cdef class _Log:
         """Remove every message below seq (server/filestore.go Compact); returns the
         number removed.  seq past last_seq empties the log and makes seq the next."""
         cdef uint64_t n
-        cdef uint8_t body[8]
         self.check_open()
         if seq == 0:
             return self.purge()
@@ -1562,7 +1560,6 @@ cdef class _Log:
     def expire(self, int64_t before_ts):
         """Remove messages from the front whose timestamp is < before_ts (max_age)."""
         cdef uint64_t cut, n
-        cdef uint8_t body[8]
         cdef Slot* s
         self.check_open()
         cut = self.first if self.first > self.sbase else self.sbase
