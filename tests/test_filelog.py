@@ -64,6 +64,13 @@ class Model:
         self._fix_first()
         return seq
 
+    def skip(self, seq=0, num=1):
+        if seq == 0:
+            seq = self.last + 1
+        self.last = seq + num - 1
+        self._fix_first()
+        return self.last
+
     def remove(self, seq):
         if seq not in self.msgs:
             return False
@@ -334,6 +341,20 @@ def test_byte_accounting_matches_the_reference_formulas():
     assert mem.bytes == (3 + 5 + 16) + (3 + 2 + 5 + 16)
 
 
+def test_memory_log_gives_memory_back():
+    log = MemLog(block_size=64 * 1024)
+    for i in range(20000):
+        log.append(b"m.%d" % (i % 10), None, b"v" * 100, i)
+    full = log.store_bytes
+    rnd = random.Random(5)
+    gone = set(rnd.sample(range(1, 20001), 18000))
+    for seq in gone:
+        assert log.remove(seq)
+    assert log.store_bytes < full * 0.3
+    assert log.msgs == 2000
+    assert all((log.load(s) is None) == (s in gone) for s in range(1, 20001))
+
+
 def test_first_seq_and_skips(opener):
     log = opener(first_seq=100)
     assert (log.first_seq, log.last_seq) == (100, 99)
@@ -343,8 +364,17 @@ def test_first_seq_and_skips(opener):
     assert log.append(b"a", None, b"x", 2, seq=1000) == 1000
     assert (log.first_seq, log.last_seq) == (1000, 1000)
     assert log.deleted() == []
+    assert log.skip() == 1001 and log.skip(1005, 3) == 1007
+    assert (log.first_seq, log.last_seq, log.msgs) == (1000, 1007, 1)
+    assert log.deleted() == list(range(1001, 1008))
+    with pytest.raises(ValueError):
+        log.skip(1007)
     log = opener.reopen(log)
-    assert (log.first_seq, log.last_seq, log.msgs) == (1000, 1000, 1)
+    assert (log.first_seq, log.last_seq, log.msgs) == (1000, 1007, 1)
+    log.remove(1000)
+    assert log.skip(num=2) == 1009 and (log.first_seq, log.last_seq) == (1010, 1009)
+    log = opener.reopen(log)
+    assert (log.first_seq, log.last_seq, log.msgs) == (1010, 1009, 0)
 
 
 def test_filters_and_sparse_subjects(opener):
@@ -424,6 +454,10 @@ def random_ops(opener, seed, steps=400, reopen=True, block_size=4096):
                 if rnd.random() < 0.05:
                     seq = model.last + rnd.randrange(1, 5)
                 assert log.append(subj, hdr, msg, ts, seq) == model.append(subj, hdr, msg, ts, seq)
+        elif op < 0.57:
+            seq = rnd.choice([0, model.last + rnd.randrange(1, 4)])
+            num = rnd.randrange(1, 4)
+            assert log.skip(seq, num) == model.skip(seq, num)
         elif op < 0.70:
             seq = rnd.randrange(max(model.first - 2, 0), model.last + 3)
             assert log.remove(seq, rnd.random() < 0.2) == model.remove(seq)
@@ -436,9 +470,9 @@ def random_ops(opener, seed, steps=400, reopen=True, block_size=4096):
             seq = rnd.randrange(0, model.last + 10)
             assert log.compact(seq) == model.compact(seq)
         elif op < 0.80:
-            if model.msgs:
-                seq = rnd.randrange(max(model.first - 1, 1), model.last + 2)
-                assert log.truncate(seq) == model.truncate(seq)
+            low = 0 if rnd.random() < 0.1 else max(model.first - 1, 0)
+            seq = rnd.randrange(low, model.last + 2)
+            assert log.truncate(seq) == model.truncate(seq)
         elif op < 0.84:
             before = rnd.randrange(0, ts + 5)
             assert log.expire(before) == model.expire(before)
@@ -732,6 +766,20 @@ def test_removed_blocks_go_only_after_a_sync(fopener):
     assert (log.first_seq, log.last_seq, log.msgs) == (400, 500, 101)
 
 
+def test_open_descriptors_stay_bounded(fopener):
+    log = fopener(block_size=4096)
+    fill(log, 5000, payload=b"%d" + b"z" * 100)
+    log = fopener.reopen(log)
+    assert log.num_blocks > 150
+    before = len(os.listdir("/proc/self/fd"))
+    for seq in range(1, 5001, 7):
+        assert log.load(seq) is not None
+    assert len(os.listdir("/proc/self/fd")) - before <= 64
+    s = log.begin_sync()
+    s.run()
+    assert log.mark_synced(s)
+
+
 def test_sync_from_a_worker_thread_while_appending(fopener):
     log = fopener(block_size=64 * 1024)
     todo, done = queue.Queue(), queue.Queue()
@@ -878,4 +926,113 @@ def test_full_disk(tiny_tmpfs):
         assert log.msgs == seq + 6 and log.load(seq + 6)[2] == b"after"
         assert all(log.load(s) is not None for s in range(1, seq + 6))
     finally:
+        log.close()
+
+
+# ---------------------------------------------------------------------------------------
+# More recovery cases
+
+
+def test_context_manager_closes(tmp_path):
+    with FileLog(str(tmp_path / "cm")) as log:
+        log.append(b"a", None, b"x", 1)
+    with pytest.raises(ValueError):
+        log.append(b"a", None, b"y", 2)
+    with FileLog(str(tmp_path / "cm")) as log:
+        assert log.load(1) == (b"a", None, b"x", 1)
+    with MemLog() as mem:
+        mem.append(b"a", None, b"x", 1)
+
+
+def test_cut_tail_of_a_sealed_block_is_reported_as_lost(fopener):
+    log = fopener(block_size=4096)
+    fill(log, 200)
+    log.close()
+    first = block_files(fopener.path)[0]
+    data = first.read_bytes()
+    recs = [r for r in records(data) if r[1] == K_MSG]
+    off, _, rlen, seq = recs[-3]
+    first.write_bytes(data[:off + rlen // 2])  # an older block lost its last writes
+    log = FileLog(str(fopener.path), block_size=4096)
+    fopener.logs.append(log)
+    rec = log.recovery
+    assert rec["truncated_bytes"] == 0
+    assert len(rec["corrupt"]) == 1 and rec["corrupt"][0]["offset"] == off
+    assert rec["lost"] == [(seq, seq + 2)]
+    assert log.load(seq - 1) is not None and log.load(seq) is None and log.load(seq + 2) is None
+    assert log.load(seq + 3) == (b"s.%d" % ((seq + 2) % 3), None, b"payload-%d" % (seq + 2),
+                                 seq + 2)
+    assert log.msgs == 197 and log.last_seq == 200
+
+
+def test_corrupt_compressed_block_is_reported(fopener):
+    log = fopener(block_size=4096, compression="s2")
+    fill(log, 300)
+    s = log.begin_sync()
+    s.run()
+    log.mark_synced(s)
+    assert log.compact_blocks() > 0
+    log.close()
+    compressed = [p for p in block_files(fopener.path) if p.read_bytes()[:8] == b"\xa9NJS2BLK"]
+    victim = compressed[1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    log = FileLog(str(fopener.path), block_size=4096, compression="s2")
+    fopener.logs.append(log)
+    rec = log.recovery
+    assert [c["reason"] for c in rec["corrupt"]] == ["compressed block checksum mismatch"]
+    assert len(rec["lost"]) == 1
+    lo, hi = rec["lost"][0]
+    assert lo <= hi and all(log.load(s) is None for s in range(lo, hi + 1))
+    assert log.load(1) is not None and log.load(300) is not None
+    assert log.msgs == 300 - (hi - lo + 1)
+
+
+# ---------------------------------------------------------------------------------------
+# Byte accounting against the reference nats-server
+
+
+def test_bytes_match_the_reference_server(reference_server, tmp_path):
+    """The same messages in a nats-server file and memory stream: state.bytes equals
+    what FileLog and MemLog count for the stored subject, headers and payload."""
+    import asyncio
+
+    import nats
+
+    msgs = [(b"orders.new", None, b"hello"),
+            (b"orders.eu.paid", {"Nats-Msg-Id": "abc", "K": "v"}, b"x" * 100),
+            (b"orders.new", None, b""),
+            (b"orders.x", {"A": "1"}, b"y" * 1000)]
+    srv = reference_server("-js", "-sd", str(tmp_path / "js"))
+
+    async def run():
+        nc = await nats.connect(srv.url)
+        js = nc.jetstream()
+        out = {}
+        for storage in ("file", "memory"):
+            name = "S" + storage.upper()
+            await js.add_stream(name=name, subjects=[f"{storage}.>"], storage=storage)
+            for subj, hdrs, payload in msgs:
+                await js.publish(f"{storage}.{subj.decode()}", payload, headers=hdrs)
+            info = await js.stream_info(name)
+            got = []
+            for seq in range(1, len(msgs) + 1):
+                m = await js.get_msg(name, seq)
+                raw_hdr = None
+                if m.headers:
+                    raw_hdr = b"NATS/1.0\r\n" + b"".join(
+                        b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in m.headers.items()
+                    ) + b"\r\n"
+                got.append((m.subject.encode(), raw_hdr, m.data or b""))
+            out[storage] = (info.state.bytes, got)
+        await nc.close()
+        return out
+
+    out = asyncio.run(asyncio.wait_for(run(), 60))
+    for storage, log in (("file", FileLog(str(tmp_path / "ours"))), ("memory", MemLog())):
+        ref_bytes, stored = out[storage]
+        for subj, hdr, payload in stored:
+            log.append(subj, hdr, payload, 1)
+        assert log.bytes == ref_bytes, storage
         log.close()

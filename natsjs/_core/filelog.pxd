@@ -167,6 +167,7 @@ cdef class _Log:
     cdef uint64_t append_c(self, const uint8_t* subj, size_t slen, const uint8_t* hdr,
                            size_t hlen, const uint8_t* msg, size_t mlen, int64_t ts,
                            uint64_t seq) except 0
+    cdef int skip_to(self, uint64_t upto) except -1
     cdef int advance_first(self) except -1
     cdef bint remove_c(self, uint64_t seq, bint secure, bint marker) except -1
     cdef int erase(self, Block b, uint64_t off, uint32_t rlen, uint64_t seq) except -1
@@ -192,6 +193,7 @@ cdef class FileLog(_Log):
     cdef int dirfd
     cdef bint s2
     cdef Block cached          # the one compressed block whose content is decoded
+    cdef list fd_blocks        # blocks holding an open descriptor, oldest first
     # recovery scan state
     cdef uint64_t rc_floor
     cdef uint64_t rc_max
@@ -200,6 +202,7 @@ cdef class FileLog(_Log):
     cdef uint64_t rc_tombs
 
     cdef recover(self, uint64_t first_seq)
+    cdef size_t scan_file(self, Block b, bint last_block) except? 0
     cdef object decode_compressed(self, Block b, bytes data)
     cdef size_t scan(self, Block b, const uint8_t* d, size_t n, bint last_block) except? 0
     cdef int recover_record(self, Block b, const uint8_t* r, uint32_t off) except -1

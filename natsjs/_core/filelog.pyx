@@ -21,11 +21,11 @@ while active, each a run of records::
     8  u64 sequence               -8 u64 XXH64 (seed 0) of everything before it
 
 Kinds: MSG; TOMB (a deletion, naming the sequence); SKIP (sequences a Raft follower
-skipped, the last one in the body); FLOOR (every sequence below ``seq`` is gone and
-last_seq is at least the one in the body; each new block opens with one, so the
+skipped, the last one in the body); FLOOR (every sequence below ``seq`` is gone, and
+last_seq/last_ts are at least those in the body; each new block opens with one, so the
 sequence range survives any removal of older blocks); TRUNC (every sequence above
-``seq`` written before it is gone: Raft truncation); ERASED (a secure-deleted message
-rewritten in place with zeroes).  A record is trusted only when its header check and
+``seq`` written before it is gone: Raft truncation; last_ts in the body); ERASED (a
+secure-deleted message rewritten in place with zeroes).  A record is trusted only when its header check and
 checksum both hold; the header check lets recovery resynchronise after a corrupt length
 by looking for the next magic byte whose header checks out.
 
@@ -42,6 +42,7 @@ for the file log, ``server/memstore.go`` memStoreMsgSize (subject + headers + pa
 Truncate in those files (a full purge leaves first_seq = last_seq + 1).
 """
 
+import mmap
 import os
 import time
 import weakref
@@ -85,6 +86,7 @@ cdef enum:
 cdef uint32_t NOBLK = 0xFFFFFFFF
 cdef uint32_t NOID = 0xFFFFFFFF
 cdef bytes ZMAGIC = b"\xa9NJS2BLK"
+cdef Py_ssize_t MAX_OPEN_BLOCKS = 64
 cdef size_t ZHDR = 24
 DEFAULT_BLOCK_SIZE = 8 * 1024 * 1024
 MEM_BLOCK_SIZE = 1024 * 1024
@@ -368,13 +370,12 @@ cdef class Block:
         cdef uint8_t* nb
         if self.bcap - self.bstart - self.blen >= n:
             return 0
-        if self.bstart and self.bcap - self.blen >= n and self.bstart >= self.blen:
-            memmove(self.buf, self.buf + self.bstart, self.blen)
-            self.bstart = 0
-            return 0
         if self.bstart:
+            # Bytes below bstart were synced and released: reuse their room first.
             memmove(self.buf, self.buf + self.bstart, self.blen)
             self.bstart = 0
+            if self.bcap - self.blen >= n:
+                return 0
         ncap = self.bcap * 2 if self.bcap else 64 * 1024
         while ncap < self.blen + n:
             ncap *= 2
@@ -1010,11 +1011,9 @@ cdef class _Log:
     cdef int maybe_drop(self, Block b) except -1:
         """Drop a sealed block without live messages, when no older block needs its
         tombstones or truncation markers; then any dead blocks at the front."""
-        if b is None or b is self.active or b.removed or b.live:
-            return 0
-        if b is not self.blocks[0] and b.has_ext:
-            return 0
-        self.drop_block(b)
+        if (b is not None and b is not self.active and not b.removed and not b.live
+                and (b is self.blocks[0] or not b.has_ext)):
+            self.drop_block(b)
         while self.blocks:
             b = <Block>self.blocks[0]
             if b is self.active or b.live:
@@ -1036,7 +1035,6 @@ cdef class _Log:
     cdef uint64_t append_c(self, const uint8_t* subj, size_t slen, const uint8_t* hdr,
                            size_t hlen, const uint8_t* msg, size_t mlen, int64_t ts,
                            uint64_t seq) except 0:
-        cdef uint8_t body[8]
         cdef uint32_t sid
         cdef uint64_t off
         cdef Slot* s
@@ -1050,19 +1048,7 @@ cdef class _Log:
         elif seq <= self.last:
             raise ValueError(f"sequence {seq} is not above last_seq {self.last}")
         if seq > self.last + 1:
-            if self.msgs == 0:
-                # Nothing live: the gap simply moves the start of the log.
-                self.last = seq - 1
-                self.first = seq
-                if self.durable:
-                    self.put_floor(seq)
-                self.drop_slots_below(seq)
-            else:
-                if self.durable:
-                    st64(body, seq - 1)
-                    self.put(K_SKIP, self.last + 1, 0, NULL, 0, NULL, 0, body, 8)
-                self.ensure_seq(seq - 1)
-                self.last = seq - 1
+            self.skip_to(seq - 1)
         sid = self.subject_id(subj, slen)
         off = self.put(K_MSG, seq, ts, subj, slen, hdr, hlen, msg, mlen)
         b = self.put_block
@@ -1089,6 +1075,37 @@ cdef class _Log:
         b.last = seq
         idset_add(&b.subjects, sid)
         return seq
+
+    cdef int skip_to(self, uint64_t upto) except -1:
+        """Sequences last_seq+1 .. upto are used without a message (deleted)."""
+        cdef uint8_t body[8]
+        if self.msgs == 0:
+            # Nothing live: the gap simply moves the start of the log.
+            self.last = upto
+            self.first = upto + 1
+            if self.durable:
+                self.put_floor(upto + 1)
+            self.drop_slots_below(upto + 1)
+        else:
+            if self.durable:
+                st64(body, upto)
+                self.put(K_SKIP, self.last + 1, 0, NULL, 0, NULL, 0, body, 8)
+            self.ensure_seq(upto)
+            self.last = upto
+        return 0
+
+    def skip(self, uint64_t seq=0, uint64_t num=1):
+        """Use sequences without storing messages (nats-server SkipMsg / SkipMsgs):
+        seq..seq+num-1 (seq=0: last_seq + 1) become deleted; returns the last one."""
+        self.check_open()
+        if seq == 0:
+            seq = self.last + 1
+        elif seq <= self.last:
+            raise ValueError(f"sequence {seq} is not above last_seq {self.last}")
+        if num == 0:
+            raise ValueError("num must be at least 1")
+        self.skip_to(seq + num - 1)
+        return seq + num - 1
 
     def append(self, subject, hdr, msg, int64_t ts, uint64_t seq=0):
         """Buffer one message; returns its sequence (seq=0: last_seq + 1).  hdr may be
@@ -1161,6 +1178,11 @@ cdef class _Log:
         if self.msgs == 0:
             self.first = self.last + 1
         self.maybe_drop(b)
+        if (not self.durable and not b.removed and b is not self.active and b.live
+                and b.live_bytes * 2 < b.size):
+            # Memory is what a memory log holds: give half a segment back at once
+            # (each rewrite halves the segment, so the cost per removal stays constant).
+            self.rewrite_block(b)
         return True
 
     cdef int erase(self, Block b, uint64_t off, uint32_t rlen, uint64_t seq) except -1:
@@ -1169,12 +1191,14 @@ cdef class _Log:
         cdef bytes rec = PyBytes_FromStringAndSize(NULL, rlen)
         cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(rec)
         memset(p, 0, rlen)
-        put_header(p, K_ERASED, 0, rlen, seq, 0, 0)
+        # The timestamp stays: it is metadata (last_ts survives the erase, as in nats-server).
+        put_header(p, K_ERASED, 0, rlen, seq, SL(self, seq).ts, 0)
         if self.checksums:
             st64(p + rlen - SUM, xxh64_c(p, rlen - SUM, 0))
         if off + rlen > base:
             memcpy(b.buf + b.bstart + (off - base), p, rlen)
         if b.compressed:
+            self.before_compaction()
             self.rewrite_block(b)
         elif off < b.flushed:
             self.write_at(b, rec, off)
@@ -1308,6 +1332,14 @@ cdef class _Log:
     @property
     def num_blocks(self):
         return len(self.blocks)
+
+    @property
+    def store_bytes(self):
+        """Bytes of records the blocks hold (live, dead and markers; uncompressed)."""
+        cdef uint64_t n = 0
+        for b in self.blocks:
+            n += (<Block>b).size
+        return n
 
     def state(self):
         """nats-server StreamState fields (timestamps as int ns, 0 when unset)."""
@@ -1453,7 +1485,6 @@ cdef class _Log:
         """Remove every message below seq (server/filestore.go Compact); returns the
         number removed.  seq past last_seq empties the log and makes seq the next."""
         cdef uint64_t n
-        cdef uint8_t body[8]
         self.check_open()
         if seq == 0:
             return self.purge()
@@ -1485,7 +1516,7 @@ cdef class _Log:
         if old is not None and old.size > (FLOOR_LEN if self.durable else 0):
             self.new_block()
             self.maybe_drop(old)
-        elif self.durable and old is not None:
+        elif self.durable:
             self.put_floor(self.first)
         return 0
 
@@ -1529,7 +1560,6 @@ cdef class _Log:
     def expire(self, int64_t before_ts):
         """Remove messages from the front whose timestamp is < before_ts (max_age)."""
         cdef uint64_t cut, n
-        cdef uint8_t body[8]
         cdef Slot* s
         self.check_open()
         cut = self.first if self.first > self.sbase else self.sbase
@@ -1552,22 +1582,23 @@ cdef class _Log:
     def truncate(self, uint64_t seq):
         """Remove every message above seq (Raft log truncation); last_seq becomes seq."""
         cdef uint64_t s, n = 0
+        cdef uint8_t body[8]
         cdef Block b
         self.check_open()
         if seq >= self.last:
             return 0
-        if seq and seq + 1 < self.first and self.msgs:
-            raise ValueError(f"cannot truncate to {seq}, below first_seq {self.first}")
+        # server/memstore.go Truncate: last_ts becomes the kept last message's, if live.
+        if HAS(self, seq) and SL(self, seq).flags & SLOT_LIVE:
+            self.last_ts = SL(self, seq).ts
         if self.durable:
-            self.put(K_TRUNC, seq, 0, NULL, 0, NULL, 0, NULL, 0)
+            st64(body, <uint64_t>self.last_ts)
+            self.put(K_TRUNC, seq, 0, NULL, 0, NULL, 0, body, 8)
             self.put_block.has_ext = True
         s = self.last
-        while s > seq:
+        while s > seq and s >= self.sbase:
             if HAS(self, s) and self.remove_c(s, False, False):
                 n += 1
             s -= 1
-        if HAS(self, seq) and SL(self, seq).flags & SLOT_LIVE:
-            self.last_ts = SL(self, seq).ts
         if seq + 1 > self.sbase:
             if seq + 1 - self.sbase < self.nslots:
                 self.nslots = seq + 1 - self.sbase
@@ -1584,9 +1615,8 @@ cdef class _Log:
                 else:
                     b.last = seq
         if self.msgs == 0:
-            self.first = seq + 1 if seq else 0
-            if seq == 0:
-                self.last = 0
+            # Below the first sequence too (a Raft log reset): the next one is seq + 1.
+            self.first = seq + 1
         for b in list(self.blocks):
             if not b.removed:
                 self.maybe_drop(b)
@@ -1601,9 +1631,13 @@ cdef class _Log:
     cdef int store_block(self, Block b, bytes content) except -1:
         """Replace a sealed block's content (atomically for files)."""
         cdef size_t n = len(content)
-        b.blen = 0
+        free(b.buf)
+        b.buf = <uint8_t*>malloc(n or 1)
+        if b.buf == NULL:
+            b.bcap = b.blen = b.bstart = 0
+            raise MemoryError()
+        b.bcap = n
         b.bstart = 0
-        b.reserve(n)
         memcpy(b.buf, PyBytes_AS_STRING(content), n)
         b.blen = n
         b.size = b.flushed = b.synced = n
@@ -1759,7 +1793,7 @@ cdef class MemLog(_Log):
     cdef int erase(self, Block b, uint64_t off, uint32_t rlen, uint64_t seq) except -1:
         cdef uint8_t* p = b.buf + b.bstart + (off - (b.size - b.blen))
         memset(p + HDR, 0, rlen - HDR)
-        put_header(p, K_ERASED, 0, rlen, seq, 0, 0)
+        put_header(p, K_ERASED, 0, rlen, seq, SL(self, seq).ts, 0)
         return 0
 
     def __repr__(self):
@@ -1776,6 +1810,7 @@ cdef class FileLog(_Log):
         self._setup(True, block_size, first_seq)
         self.s2 = compression == "s2"
         self.dirfd = -1
+        self.fd_blocks = []
         self.dirpath = os.fspath(dir)
         self.blkdir = os.path.join(self.dirpath, "blk")
         os.makedirs(self.blkdir, exist_ok=True)
@@ -1826,21 +1861,8 @@ cdef class FileLog(_Log):
             self.blkv.append(b)
             self.blocks.append(b)
             self.next_index = index + 1
-            with open(b.path, "rb") as fh:
-                data = fh.read()
-            if data[:8] == ZMAGIC:
-                content = self.decode_compressed(b, data)
-                if content is None:
-                    continue
-                b.compressed = True
-                data = content
-            n = len(data)
-            b.size = b.flushed = b.synced = n
-            end = self.scan(b, <const uint8_t*>PyBytes_AS_STRING(data), n,
-                            i == len(indices) - 1)
-            if end < n:
-                if b.compressed:
-                    continue
+            end = self.scan_file(b, i == len(indices) - 1)
+            if end < b.size and not b.compressed:
                 os.truncate(b.path, end)
                 b.size = b.flushed = b.synced = end
         self.recovery["blocks"] = len(indices)
@@ -1889,6 +1911,33 @@ cdef class FileLog(_Log):
             if not b.removed:
                 self.maybe_drop(b)
         self.recovery["seconds"] = time.perf_counter() - t0
+
+    cdef size_t scan_file(self, Block b, bint last_block) except? 0:
+        """Scan one block file in place (mmap: no copy of the log into memory)."""
+        cdef const uint8_t[::1] view
+        cdef size_t n
+        with open(b.path, "rb") as fh:
+            n = os.fstat(fh.fileno()).st_size
+            if n == 0:
+                return 0
+            if fh.read(8) == ZMAGIC:
+                fh.seek(0)
+                content = self.decode_compressed(b, fh.read())
+                b.compressed = True
+                if content is None:
+                    return 0
+                view = content
+                b.size = b.flushed = b.synced = len(content)
+                return self.scan(b, &view[0], len(content), False)
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            mm.madvise(mmap.MADV_SEQUENTIAL)
+            view = mm
+            b.size = b.flushed = b.synced = n
+            return self.scan(b, &view[0], n, last_block)
+        finally:
+            view = None
+            mm.close()
 
     cdef object decode_compressed(self, Block b, bytes data):
         cdef const uint8_t* d = <const uint8_t*>PyBytes_AS_STRING(data)
@@ -1994,6 +2043,8 @@ cdef class FileLog(_Log):
                 s.flags = (s.flags & ~SLOT_LIVE) | SLOT_TOMB
                 if kind == K_TOMB and s.blk != b.index:
                     b.has_ext = True
+            if kind == K_ERASED and seq >= self.rc_max:
+                self.last_ts = <int64_t>ld64(r + 16)
             if seq > self.rc_max:
                 self.rc_max = seq
         elif kind == K_SKIP:
@@ -2012,11 +2063,15 @@ cdef class FileLog(_Log):
                 self.rc_max = seq - 1
         elif kind == K_TRUNC:
             b.has_ext = True
-            if HAS(self, seq) or seq < self.sbase:
-                self.nslots = seq + 1 - self.sbase if seq >= self.sbase else 0
+            if seq + 1 < self.rc_floor:
+                self.rc_floor = seq + 1
+            if seq < self.sbase:
+                self.nslots = 0
+                self.sbase = seq + 1
+            elif HAS(self, seq):
+                self.nslots = seq + 1 - self.sbase
             self.rc_max = seq
-            if HAS(self, seq) and SL(self, seq).flags & SLOT_LIVE:
-                self.last_ts = SL(self, seq).ts
+            self.last_ts = <int64_t>ld64(r + HDR)
             for o in self.blocks:
                 if o.last > seq:
                     if o.first > seq:
@@ -2028,8 +2083,30 @@ cdef class FileLog(_Log):
     # ---- files -------------------------------------------------------------------
 
     cdef int ensure_fd(self, Block b) except -1:
-        if b.fd < 0:
-            b.fd = os.open(b.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        cdef Block o
+        if b.fd >= 0:
+            return 0
+        b.fd = os.open(b.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.fd_blocks.append(b)
+        if len(self.fd_blocks) > MAX_OPEN_BLOCKS:
+            # A long log must not run out of descriptors: close the oldest-opened ones
+            # that nothing is writing (a sealed block reopens on its next read).
+            excess = -(MAX_OPEN_BLOCKS // 2)
+            for o in self.fd_blocks:
+                if o.fd >= 0:
+                    excess += 1
+            keep = []
+            for o in self.fd_blocks:
+                if o.fd < 0:
+                    continue
+                if (excess > 0 and o is not b and o is not self.active
+                        and not o.dirty_listed):
+                    close(o.fd)
+                    o.fd = -1
+                    excess -= 1
+                else:
+                    keep.append(o)
+            self.fd_blocks = keep
         return 0
 
     cdef const uint8_t* read_file(self, Block b, uint64_t off, uint32_t rlen) except NULL:
@@ -2154,6 +2231,10 @@ cdef class FileLog(_Log):
             if end > b.synced:
                 b.synced = end
                 b.release_to(end)
+            if b is not self.active and b.blen == 0 and b.buf != NULL:
+                free(b.buf)
+                b.buf = NULL
+                b.bcap = 0
         if s.seq > self.synced:
             self.synced = s.seq
         if self.erasures:
