@@ -326,6 +326,13 @@ class Client(Connection):
         self.queue_proto(b"-ERR '%s'\r\n" % text.encode())
         return False
 
+    def reply_violation(self, reply: bytes) -> None:
+        """A PUB asked for its answers on a reserved reply subject; it is dropped."""
+        text = json.dumps(reply.decode("utf-8", "replace"))
+        self.server.log.error(self.log_prefix + "Publish Violation - Reply %s", text)
+        self.queue_proto(b"-ERR 'Permissions Violation for Publish with Reply of %s'\r\n"
+                         % text.encode())
+
     def _user_label(self) -> str:
         u = self.user
         if u is None:

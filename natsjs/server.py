@@ -240,10 +240,7 @@ class Server:
 
     def _reload_accounts(self, opts: ServerOptions) -> None:
         for acc in self.accounts.values():
-            for sub in acc.internal_subs:
-                acc.sublist.remove(sub)
-            self.route_interest(acc, acc.internal_subs, -1)
-            acc.internal_subs.clear()
+            self.route_interest(acc, acc.clear_internal(), -1)
             acc.reset_imports()
         for cfg in opts.accounts:
             acc = self.accounts.get(cfg.name)

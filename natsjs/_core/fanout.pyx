@@ -86,6 +86,18 @@ cdef inline char* _put_payload(char* p, const unsigned char* msg, Py_ssize_t siz
     return p + 2
 
 
+cdef inline bint _has_prefix(const unsigned char* p, Py_ssize_t n, const char* pre,
+                             Py_ssize_t plen) noexcept nogil:
+    return n > plen and memcmp(p, pre, plen) == 0
+
+
+cdef inline bint _reserved_reply(const unsigned char* p, Py_ssize_t n) noexcept nogil:
+    """Reply subjects reserved to servers: service-import responses (``_R_.``),
+    JetStream acknowledgements (``$JS.ACK.``) and gateway replies (``_GR_.``)."""
+    return (n > 3 and memcmp(p, b"_R_.", 4) == 0) or _has_prefix(p, n, b"$JS.ACK.", 8) \
+        or _has_prefix(p, n, b"_GR_.", 5)
+
+
 cdef inline char* reserve(bytearray out, Py_ssize_t extra) except NULL:
     """Grow ``out`` by ``extra`` bytes and return where they start."""
     cdef Py_ssize_t old = PyByteArray_GET_SIZE(out)
@@ -293,6 +305,14 @@ cdef class ClientCore(Conn):
             self.queued(self)
         if self.pub_check is not None and not self.pub_check(
                 PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len)):
+            return 0
+        if self.pa.reply != NULL and self.conn is not None \
+                and _reserved_reply(self.pa.reply, self.pa.reply_len):
+            # A client may answer on these but not ask for answers there: they map
+            # service-import responses across accounts (server/client.go
+            # isReservedReply).  Server code publishes with conn None.
+            self.conn.reply_violation(
+                PyBytes_FromStringAndSize(<const char*>self.pa.reply, self.pa.reply_len))
             return 0
         r = self.lookup(self.pa.subject, self.pa.subject_len)
         for sub in r.psubs:
