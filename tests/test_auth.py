@@ -354,3 +354,39 @@ def test_second_connect_into_another_account_drops_old_subscriptions(kind, tmp_p
         raw.close()
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("kind", ["natsjs", "reference"])
+def test_second_connect_into_another_account_publishes_there(kind, tmp_path):
+    """A connection that moves to account B publishes in B only, even when B's and A's
+    subscription lists happen to have changed the same number of times."""
+    import socket
+    s = _server(kind, tmp_path, SWITCH)
+    try:
+        async def main():
+            in_a = await connect(s, user="a", password="a")
+            sub_a = await in_a.subscribe("foo")            # one change in A
+            await settle(in_a)
+            raw = socket.create_connection(("127.0.0.1", s.port), timeout=TIMEOUT)
+            raw.recv(4096)
+
+            def round_trip(data):
+                raw.sendall(data + b"PING\r\n")
+                buf = b""
+                while b"PONG" not in buf:
+                    buf += raw.recv(4096)
+            round_trip(b'CONNECT {"verbose":false,"user":"a","pass":"a"}\r\nPUB foo 3\r\none\r\n')
+            in_b = await connect(s, user="b", password="b")
+            await in_b.subscribe("bar")                      # one change in B
+            await settle(in_b)
+            round_trip(b'CONNECT {"verbose":false,"user":"b","pass":"b"}\r\nPUB foo 3\r\ntwo\r\n')
+            raw.close()
+            await settle(in_a)
+            assert (await sub_a.next_msg(timeout=TIMEOUT)).data == b"one"
+            with pytest.raises(NatsTimeout):
+                await sub_a.next_msg(timeout=0.3)          # "two" was published in B
+            await in_a.close()
+            await in_b.close()
+        run(main())
+    finally:
+        s.stop()

@@ -274,13 +274,18 @@ cdef class ClientCore(Conn):
 
     cdef SublistResult lookup(self, const unsigned char* subj, Py_ssize_t slen):
         cdef bytes s = self.last_subject
+        # The change counter is per sublist: a connection that moved to another
+        # account (a second CONNECT) must not take the old account's result because
+        # the two counters happen to be equal.
         if s is not None and self.last_gen == self.sublist.genid \
+                and self.last_sublist is self.sublist \
                 and PyBytes_GET_SIZE(s) == slen \
                 and memcmp(PyBytes_AS_STRING(s), subj, slen) == 0:
             return self.last_result
         s = PyBytes_FromStringAndSize(<const char*>subj, slen)
         self.last_result = self.sublist.match(s)
         self.last_subject = s
+        self.last_sublist = self.sublist
         self.last_gen = self.sublist.genid
         return self.last_result
 
