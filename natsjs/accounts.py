@@ -35,8 +35,9 @@ GLOBAL_ACCOUNT = "$G"
 DEFAULT_SYSTEM_ACCOUNT = "$SYS"
 # How long a service-import response mapping lives (server/accounts.go DEFAULT_TTL-ish).
 RESPONSE_TTL = 120.0
-# Imports may chain (A -> B -> C); a cycle must not loop forever.
-MAX_IMPORT_HOPS = 8
+# Imports may chain (A -> B -> C -> ...); Server.deliver runs the chain flat, and
+# this many internal hops in a row only happen in a cycle, which must end.
+MAX_IMPORT_HOPS = 64
 # Service-import responses waiting for their answer; past this the oldest are
 # forgotten, so requests that are never answered cannot grow memory without bound.
 MAX_PENDING_RESPONSES = 100_000
@@ -274,10 +275,11 @@ class Account:
         return n
 
     def add_internal(self, subject: bytes, callback, queue: bytes | None = None,
-                     route: bool = True) -> Subscription:
+                     route: bool = True, owner=None) -> Subscription:
         """An internal subscription; ``route=False`` keeps its interest from the routes
-        (every server has the same one and serves its own clients with it)."""
-        sub = Subscription(subject, queue, b"", None, callback)
+        (every server has the same one and serves its own clients with it).  Server
+        code subscribes through ``Server.subscribe_internal``, which sets ``owner``."""
+        sub = Subscription(subject, queue, b"", None, callback, owner=owner)
         self.sublist.insert(sub)
         self.internal_subs.append(sub)
         if not route:
@@ -301,29 +303,29 @@ class Account:
 
     # ---- wiring of imports ------------------------------------------------------------
 
-    def wire_imports(self, server, accounts: dict[str, "Account"]) -> None:
+    def wire_imports(self, server, accounts: dict[str, "Account"], owner) -> None:
         for imp in self.config.imports:
             src = accounts[imp.account]
             if imp.service:
-                self._wire_service_import(server, src, imp)
+                self._wire_service_import(server, src, imp, owner)
             else:
-                self._wire_stream_import(server, src, imp)
+                self._wire_stream_import(server, src, imp, owner)
 
-    def _wire_stream_import(self, server, src: "Account", imp: Import) -> None:
+    def _wire_stream_import(self, server, src: "Account", imp: Import, owner) -> None:
         dst = self
 
         def forward(sub, subject, reply, hdr, msg):
             # Local subscribers only: every server of a cluster imports for its own.
             server.deliver(dst, _map_subject(subject, imp.subject, imp.to), reply, msg, hdr,
                            to_routes=False)
-        src.add_internal(imp.subject.encode(), forward)
+        server.subscribe_internal(src, imp.subject.encode(), forward, owner)
 
-    def _wire_service_import(self, server, src: "Account", imp: Import) -> None:
+    def _wire_service_import(self, server, src: "Account", imp: Import, owner) -> None:
         dst = self
         export = next((e for e in src.config.exports
                        if e.service and _pattern_covers(e.subject, imp.subject)), None)
         rtype = export.response_type if export else "singleton"
-        src.ensure_response_sub(server)
+        src.ensure_response_sub(server, owner)
 
         def request(sub, subject, reply, hdr, msg):
             mapped = _map_subject(subject, imp.to, imp.subject)
@@ -332,14 +334,14 @@ class Account:
         # Not routed: each server of a cluster has this import and forwards the
         # requests of its own clients, so a request is forwarded once, as nats-server
         # keeps service-import subscriptions from the routes (addServiceImportSub).
-        dst.add_internal(imp.to.encode(), request, route=False)
+        server.subscribe_internal(dst, imp.to.encode(), request, owner, route=False)
 
     def reset_imports(self) -> None:
         """Forget the wiring of imports (a reload wires them again)."""
         self._resp_sub = None
         self._responses.clear()
 
-    def ensure_response_sub(self, server) -> None:
+    def ensure_response_sub(self, server, owner) -> None:
         if self._resp_sub is not None:
             return
         acc = self
@@ -355,7 +357,8 @@ class Account:
             if rtype == "singleton":
                 del acc._responses[subject]
             server.deliver(target, original, None, msg, hdr)
-        self._resp_sub = self.add_internal(self._resp_prefix + b".>", response)
+        self._resp_sub = server.subscribe_internal(self, self._resp_prefix + b".>", response,
+                                                   owner)
 
     def map_reply(self, requester: "Account", reply: bytes, rtype: str) -> bytes:
         """A fresh reply subject in this account that leads back to ``reply``.
@@ -378,3 +381,16 @@ class Account:
     def matches_export(self, subject: str, service: bool) -> bool:
         return any(e.service == service and subject_matches(e.subject.encode(), subject.encode())
                    for e in self.config.exports)
+
+
+class Imports:
+    """The internal-subscription owner of every account's imports (see Server.add_internal_owner)."""
+
+    name = "imports"
+    max_tasks = 0
+
+    def install(self, server) -> None:
+        for acc in server.accounts.values():
+            acc.reset_imports()
+        for acc in list(server.accounts.values()):
+            acc.wire_imports(server, server.accounts, self)

@@ -197,3 +197,35 @@ def test_pending_service_responses_are_bounded(monkeypatch):
     assert tokens[0] not in exporter._responses
     assert len(set(tokens)) == 500
     assert all(re.fullmatch(rb"_R_\.[0-9A-Za-z]+\.[0-9A-Za-z]{10,}", t) for t in tokens)
+
+
+def _service_chain(n: int) -> str:
+    """A0 imports svc from A1, which imports it from A2 ... up to A<n-1>."""
+    accounts = []
+    for i in range(n):
+        body = "users = [ { user: u%d, password: p } ]\n    exports = [ { service: svc } ]" % i
+        if i < n - 1:
+            body += "\n    imports = [ { service: { account: A%d, subject: svc } } ]" % (i + 1)
+        accounts.append("  A%d {\n    %s\n  }" % (i, body))
+    return "accounts {\n%s\n}\n" % "\n".join(accounts)
+
+
+@pytest.mark.parametrize("kind", ["natsjs", "reference"])
+def test_a_long_chain_of_service_imports_answers(kind, tmp_path):
+    n = 12
+    s = _server(kind, tmp_path, _service_chain(n))
+    try:
+        async def main():
+            responder = await nats.connect(s.url, user="u%d" % (n - 1), password="p")
+
+            async def answer(msg):
+                await msg.respond(b"answer")
+            await responder.subscribe("svc", cb=answer)
+            await settle(responder)
+            requester = await nats.connect(s.url, user="u0", password="p")
+            assert (await requester.request("svc", b"q", timeout=TIMEOUT)).data == b"answer"
+            await requester.close()
+            await responder.close()
+        run(main())
+    finally:
+        s.stop()

@@ -139,17 +139,26 @@ cdef class Conn(ProtoParser):
     cdef int deliver(self, Subscription sub, const unsigned char* msg) except -1:
         """One local delivery of the message in ``self.pa``; 1 if it was delivered."""
         cdef Conn target
+        cdef bytes subject, reply
         if sub.closed or (sub.max_msgs > 0 and sub.nmsgs >= sub.max_msgs):
             return 0
         if sub.callback is not None:
             sub.nmsgs += 1
-            sub.callback(
-                sub,
-                PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len),
-                PyBytes_FromStringAndSize(<const char*>self.pa.reply, self.pa.reply_len)
-                if self.pa.reply != NULL else None,
-                self.pa.hdr,
-                PyBytes_FromStringAndSize(<const char*>msg, self.pa.size))
+            subject = PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len)
+            reply = PyBytes_FromStringAndSize(<const char*>self.pa.reply, self.pa.reply_len) \
+                if self.pa.reply != NULL else None
+            try:
+                sub.callback(sub, subject, reply, self.pa.hdr,
+                             PyBytes_FromStringAndSize(<const char*>msg, self.pa.size))
+            except Exception as exc:
+                # A failing handler is its owner's problem (it logs and answers with
+                # an error), never the publisher's: the fan-out goes on.
+                if sub.owner is None:
+                    raise
+                try:
+                    sub.owner.handler_failed(sub, subject, reply, exc)
+                except Exception:
+                    pass
             return 1
         target = <Conn>sub.client
         if target.closed or (target is self and not self.echo):
