@@ -136,6 +136,8 @@ class Server:
         self._own_urls: list[str] | None = None
         self._sys_seq = 0
         self._owners: list = []
+        # Password (bcrypt) checks running in worker threads at once.
+        self.password_checks = trio.CapacityLimiter(max(2, os.cpu_count() or 1))
         self._owner_tasks: dict[int, int] = {}
         from natsjs import sysreq
         self.add_internal_owner(Imports())
