@@ -212,7 +212,7 @@ class Server:
             return
         self.shutting_down = True
         self.log.info("Initiating Shutdown...")
-        self._accept_scope.cancel()
+        self._stop_accepting()
         for c in list(self.clients.values()):
             c.close(SERVER_SHUTDOWN)
         if self.cluster is not None:
@@ -223,7 +223,7 @@ class Server:
 
     async def graceful_shutdown(self, timeout: float = 2.0) -> None:
         """Stop accepting, give pending output a moment to drain, then shut down."""
-        self._accept_scope.cancel()
+        self._stop_accepting()
         with trio.move_on_after(timeout):
             for c in list(self.clients.values()):
                 c.flush()
@@ -243,7 +243,7 @@ class Server:
         self.lame_duck = True
         opts = self.opts
         self.log.info("Entering lame duck mode, stop accepting new clients")
-        self._accept_scope.cancel()
+        self._stop_accepting()
         if self.cluster is not None:
             self.cluster.send_ldm()
         clients = list(self.clients.values())
@@ -262,6 +262,24 @@ class Server:
             if i < len(clients) - 1:
                 await trio.sleep(interval * (0.5 + secrets.randbelow(1000) / 2000))
         self.shutdown()
+
+    def _stop_accepting(self) -> None:
+        """Stop taking clients and close the listener now.
+
+        A client that tries this server while it drains or stops is refused at once
+        and moves on to the next server, instead of completing a TCP handshake with
+        the listen backlog and waiting for an INFO that never comes (nats-server
+        closes its listener first, server/server.go Shutdown and lameDuckMode).
+        """
+        self._accept_scope.cancel()
+        lsock, self._listener = self._listener, None
+        if lsock is None:
+            return
+        try:
+            trio.lowlevel.notify_closing(lsock)
+        except RuntimeError:        # not in trio (a stop before run): nothing waits on it
+            pass
+        lsock.close()
 
     def reload(self, opts: ServerOptions) -> list[str]:
         """Apply a re-read configuration to the running server; returns what changed.
@@ -398,9 +416,14 @@ class Server:
             try:
                 sock, addr = lsock.accept()
             except BlockingIOError:
-                await trio.lowlevel.wait_readable(lsock)
+                try:
+                    await trio.lowlevel.wait_readable(lsock)
+                except trio.ClosedResourceError:
+                    return          # closed by _stop_accepting
                 continue
             except OSError as exc:
+                if lsock.fileno() < 0:
+                    return
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     self.log.error("Temporary %s Accept Error(%s), sleeping %dms",
                                    what, exc, int(delay * 1000))

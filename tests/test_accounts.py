@@ -12,7 +12,7 @@ import pytest
 from nats.errors import TimeoutError as NatsTimeout
 
 from conftest import settle, start_natsjs, start_reference
-from test_cluster import cluster_args, start, wait_mesh
+from test_cluster import cluster_args, procs, start, wait_mesh  # noqa: F401 (fixture)
 
 TIMEOUT = 10
 
@@ -32,14 +32,6 @@ accounts {
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 90))
-
-
-@pytest.fixture
-def procs():
-    started = []
-    yield started
-    for s in started:
-        s.stop()
 
 
 @pytest.mark.parametrize("kind", ["natsjs", "reference"])

@@ -186,22 +186,21 @@ def test_spawn_is_refused_when_an_owner_has_too_many_tasks_running():
 
 def test_accept_loop_lets_other_tasks_run_while_connections_keep_coming():
     server, log = new_server()
-    progress = []
+    progress, ticks = [], [0]
+    new_client = server._new_client
+
+    def record(sock, addr):
+        progress.append(ticks[0])
+        new_client(sock, addr)
+    server._new_client = record          # before the accept loop binds it
 
     async def test():
-        ticks = [0]
         done = trio.Event()
 
         async def spin():
             while not done.is_set():
                 ticks[0] += 1
                 await trio.lowlevel.checkpoint()
-        new_client = server._new_client
-
-        def record(sock, addr):
-            progress.append(ticks[0])
-            new_client(sock, addr)
-        server._new_client = record
         async with trio.open_nursery() as nursery:
             nursery.start_soon(spin)
             # Fill the listen backlog while the server's tasks cannot run (blocking
