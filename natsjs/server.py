@@ -96,9 +96,10 @@ class _Handler:
                          getattr(self.owner, "name", "?"),
                          subject.decode("utf-8", "replace"), exc)
         if reply:
-            error_reply = getattr(self.owner, "error_reply", None) or \
-                InternalOwner.error_reply.__get__(self.owner)
-            server.deliver(self.account, reply, None, error_reply(subject, exc))
+            answer = getattr(self.owner, "error_reply", None)
+            payload = answer(subject, exc) if answer is not None else \
+                InternalOwner.error_reply(self.owner, subject, exc)
+            server.deliver(self.account, reply, None, payload)
 
 
 def new_server_id() -> str:

@@ -16,6 +16,11 @@ the target's ``bytearray``.  The only per-message Python object is the subject, 
 even that is skipped while a connection keeps publishing to the same subject and
 the sublist has not changed (``last_subject``/``genid``).
 
+An internal subscriber (``Subscription.callback``: imports, $SYS handlers, JetStream)
+is called in place of a frame write; if it raises, its ``owner`` binding is told
+(it logs and answers with an error, natsjs/server.py) and the fan-out goes on, so a
+failing handler never costs the publisher its connection.
+
 Back-pressure (server/client.go queueOutbound): a connection whose pending output
 passes 3/4 of ``max_pending`` is reported in the producer's ``stalled`` so the read
 loop waits for it to drain before reading more; one that passes ``max_pending`` is a
