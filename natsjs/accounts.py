@@ -9,10 +9,13 @@ account's sublist, so they ride the same match-and-deliver path as client traffi
 * a stream import (B imports ``S`` from A, optionally renamed to ``T``) is one
   internal subscription on ``S`` in A whose callback delivers into B under ``T``;
 * a service import (B imports service ``S`` from A as ``T``) is an internal
-  subscription on ``T`` in B; a request is re-published in A with a reply subject
-  ``_R_.<id>.<n>`` that A's internal response subscription maps back to the
-  requester's reply in B (one response, as the default ``singleton`` response type;
-  ``stream``/``chunked`` keep the mapping until it expires).
+  subscription on ``T`` in B, kept from the routes (each server of a cluster forwards
+  its own clients' requests, so each request reaches A once); a request is
+  re-published in A with a reply subject ``_R_.<prefix>.<random token>`` that A's
+  internal response subscription maps back to the requester's reply in B (one
+  response, as the default ``singleton`` response type; ``stream``/``chunked`` keep
+  the mapping until it expires).  Tokens are random so that no one can answer in
+  the responder's place, and clients may not ask for answers on ``_R_.`` subjects.
 
 Configuration follows nats-server's ``accounts {}`` block (server/opts.go
 parseAccounts, parseExportStreamOrService, parseImportStreamOrService).
@@ -20,7 +23,7 @@ parseAccounts, parseExportStreamOrService, parseImportStreamOrService).
 from __future__ import annotations
 
 import itertools
-import os
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -32,8 +35,17 @@ GLOBAL_ACCOUNT = "$G"
 DEFAULT_SYSTEM_ACCOUNT = "$SYS"
 # How long a service-import response mapping lives (server/accounts.go DEFAULT_TTL-ish).
 RESPONSE_TTL = 120.0
-# Imports may chain (A -> B -> C); a cycle must not loop forever.
-MAX_IMPORT_HOPS = 8
+# Imports may chain (A -> B -> C -> ...); Server.deliver runs the chain flat, and
+# this many internal hops in a row only happen in a cycle, which must end.
+MAX_IMPORT_HOPS = 64
+# Service-import responses waiting for their answer; past this the oldest are
+# forgotten, so requests that are never answered cannot grow memory without bound.
+MAX_PENDING_RESPONSES = 100_000
+_BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def _random_token(n: int) -> bytes:
+    return "".join(secrets.choice(_BASE62) for _ in range(n)).encode()
 
 
 @dataclass(frozen=True)
@@ -244,9 +256,12 @@ class Account:
         self.sublist = Sublist()
         self.is_system = False
         self.internal_subs: list[Subscription] = []
+        # The subset of internal_subs whose interest routes were told about.
+        self.routed_internal_subs: list[Subscription] = []
         self._responses: dict[bytes, tuple] = {}
-        self._resp_ids = itertools.count(1)
-        self._resp_prefix = b"_R_." + os.urandom(6).hex().encode()
+        # server/accounts.go createRespWildcard: _R_.<6 random chars>. per account and
+        # server; each request then gets an unguessable token under it.
+        self._resp_prefix = b"_R_." + _random_token(6)
         self._resp_sub: Subscription | None = None
         self.client_count = 0
         # Local interest as routes see it: (subject, queue) -> number of local
@@ -290,27 +305,44 @@ class Account:
             n = 0
         return n
 
-    def add_internal(self, subject: bytes, callback, queue: bytes | None = None) -> Subscription:
-        sub = Subscription(subject, queue, b"", None, callback)
+    def add_internal(self, subject: bytes, callback, queue: bytes | None = None,
+                     route: bool = True, owner=None) -> Subscription:
+        """An internal subscription; ``route=False`` keeps its interest from the routes
+        (every server has the same one and serves its own clients with it).  Server
+        code subscribes through ``Server.subscribe_internal``, which sets ``owner``."""
+        sub = Subscription(subject, queue, b"", None, callback, owner=owner)
         self.sublist.insert(sub)
         self.internal_subs.append(sub)
+        if not route:
+            return sub
+        self.routed_internal_subs.append(sub)
         if self.on_interest is not None:
             self.on_interest(self, [sub], 1)
         else:
             self.note_interest(sub, 1)
         return sub
 
+    def clear_internal(self) -> list[Subscription]:
+        """Remove every internal subscription; returns those routes were told about."""
+        for sub in self.internal_subs:
+            sub.closed = True
+            self.sublist.remove(sub)
+        routed = self.routed_internal_subs
+        self.internal_subs = []
+        self.routed_internal_subs = []
+        return routed
+
     # ---- wiring of imports ------------------------------------------------------------
 
-    def wire_imports(self, server, accounts: dict[str, "Account"]) -> None:
+    def wire_imports(self, server, accounts: dict[str, "Account"], owner) -> None:
         for imp in self.config.imports:
             src = accounts[imp.account]
             if imp.service:
-                self._wire_service_import(server, src, imp)
+                self._wire_service_import(server, src, imp, owner)
             else:
-                self._wire_stream_import(server, src, imp)
+                self._wire_stream_import(server, src, imp, owner)
 
-    def _wire_stream_import(self, server, src: "Account", imp: Import) -> None:
+    def _wire_stream_import(self, server, src: "Account", imp: Import, owner) -> None:
         dst = self
 
         def forward(sub, subject, reply, hdr, msg):
@@ -318,27 +350,30 @@ class Account:
             reply, shown = split_js_delivery(reply)
             server.deliver(dst, _map_subject(subject, imp.subject, imp.to), reply, msg, hdr,
                            to_routes=False, shown=shown)
-        src.add_internal(imp.subject.encode(), forward)
+        server.subscribe_internal(src, imp.subject.encode(), forward, owner)
 
-    def _wire_service_import(self, server, src: "Account", imp: Import) -> None:
+    def _wire_service_import(self, server, src: "Account", imp: Import, owner) -> None:
         dst = self
         export = next((e for e in src.config.exports
                        if e.service and _pattern_covers(e.subject, imp.subject)), None)
         rtype = export.response_type if export else "singleton"
-        src.ensure_response_sub(server)
+        src.ensure_response_sub(server, owner)
 
         def request(sub, subject, reply, hdr, msg):
             mapped = _map_subject(subject, imp.to, imp.subject)
             new_reply = src.map_reply(dst, reply, rtype) if reply else None
             server.deliver(src, mapped, new_reply, msg, hdr)
-        dst.add_internal(imp.to.encode(), request)
+        # Not routed: each server of a cluster has this import and forwards the
+        # requests of its own clients, so a request is forwarded once, as nats-server
+        # keeps service-import subscriptions from the routes (addServiceImportSub).
+        server.subscribe_internal(dst, imp.to.encode(), request, owner, route=False)
 
     def reset_imports(self) -> None:
         """Forget the wiring of imports (a reload wires them again)."""
         self._resp_sub = None
         self._responses.clear()
 
-    def ensure_response_sub(self, server) -> None:
+    def ensure_response_sub(self, server, owner) -> None:
         if self._resp_sub is not None:
             return
         acc = self
@@ -357,17 +392,40 @@ class Account:
             reply, shown = split_js_delivery(reply)
             server.deliver(target, original, reply if shown is not None else None, msg, hdr,
                            shown=shown)
-        self._resp_sub = self.add_internal(self._resp_prefix + b".>", response)
+        self._resp_sub = server.subscribe_internal(self, self._resp_prefix + b".>", response,
+                                                   owner)
 
     def map_reply(self, requester: "Account", reply: bytes, rtype: str) -> bytes:
-        token = self._resp_prefix + b".%d" % next(self._resp_ids)
-        if len(self._responses) > 100000:
+        """A fresh reply subject in this account that leads back to ``reply``.
+
+        The token is random, not a counter: whoever learns one reply subject must not
+        be able to answer the next request in the responder's place.
+        """
+        token = self._resp_prefix + b"." + _random_token(12)
+        responses = self._responses
+        if len(responses) >= MAX_PENDING_RESPONSES:
             now = time.monotonic()
-            for k in [k for k, e in self._responses.items() if e[3] < now]:
-                del self._responses[k]
-        self._responses[token] = (requester, reply, rtype, time.monotonic() + RESPONSE_TTL)
+            for k in [k for k, e in responses.items() if e[3] < now]:
+                del responses[k]
+            # Still full: forget the oldest (dicts keep insertion order).
+            for k in list(itertools.islice(responses, len(responses) - MAX_PENDING_RESPONSES + 1)):
+                del responses[k]
+        responses[token] = (requester, reply, rtype, time.monotonic() + RESPONSE_TTL)
         return token
 
     def matches_export(self, subject: str, service: bool) -> bool:
         return any(e.service == service and subject_matches(e.subject.encode(), subject.encode())
                    for e in self.config.exports)
+
+
+class Imports:
+    """The internal-subscription owner of every account's imports (see Server.add_internal_owner)."""
+
+    name = "imports"
+    max_tasks = 0
+
+    def install(self, server) -> None:
+        for acc in server.accounts.values():
+            acc.reset_imports()
+        for acc in list(server.accounts.values()):
+            acc.wire_imports(server, server.accounts, self)

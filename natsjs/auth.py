@@ -225,6 +225,11 @@ def is_bcrypt(secret: str) -> bool:
 
 
 def compare_secret(configured: str, given: str) -> bool:
+    """True if ``given`` is the secret ``configured`` (plain, or a bcrypt hash).
+
+    A bcrypt comparison costs tens of milliseconds to seconds by design: connection
+    code checks such secrets with ``check_secret`` instead, off the event loop.
+    """
     if is_bcrypt(configured):
         import bcrypt
         try:
@@ -232,6 +237,17 @@ def compare_secret(configured: str, given: str) -> bool:
         except ValueError:
             return False
     return hmac.compare_digest(configured.encode(), given.encode())
+
+
+async def check_secret(configured: str, given: str, limiter=None) -> bool:
+    """``compare_secret`` that keeps the event loop free: a bcrypt hash is checked in
+    a worker thread (the bcrypt library releases the GIL), so other connections are
+    served meanwhile, as nats-server checks in the connection's own goroutine."""
+    if not is_bcrypt(configured):
+        return compare_secret(configured, given)
+    import trio
+    return await trio.to_thread.run_sync(compare_secret, configured, given, limiter=limiter,
+                                         abandon_on_cancel=True)
 
 
 def new_nonce() -> str:
@@ -281,12 +297,17 @@ def verify_nkey(public: str, nonce: str, sig: str) -> bool:
         return False
 
 
-def authenticate(auth: AuthOptions, users_by_account: dict, connect: dict,
-                 nonce: str) -> User | None:
-    """The user a CONNECT authenticates as, or None.
+def identify(auth: AuthOptions, users_by_account: dict, connect: dict,
+             nonce: str) -> tuple[User | None, str | None, str]:
+    """Who a CONNECT claims to be: ``(user, secret, given)``.
 
-    ``users_by_account`` holds the users declared inside ``accounts {}`` blocks (their
-    ``account`` field set); ``auth.users`` those of the ``authorization`` block.
+    ``user`` is None when nobody matches; otherwise the CONNECT authenticates as
+    ``user`` if ``given`` (its password or token) matches the configured ``secret``,
+    or at once when ``secret`` is None (a verified nkey signature, no_auth_user).
+    Splitting the cheap lookup from the secret check lets callers run a bcrypt check
+    off the event loop.  ``users_by_account`` holds the users declared inside
+    ``accounts {}`` blocks (their ``account`` field set); ``auth.users`` those of the
+    ``authorization`` block.
     """
     all_users = list(auth.users) + [u for us in users_by_account.values() for u in us]
     token = str(connect.get("auth_token") or "")
@@ -297,22 +318,32 @@ def authenticate(auth: AuthOptions, users_by_account: dict, connect: dict,
         for u in all_users:
             if u.nkey and hmac.compare_digest(u.nkey, nkey):
                 sig = str(connect.get("sig") or "")
-                return u if nonce and sig and verify_nkey(nkey, nonce, sig) else None
-        return None
+                ok = nonce and sig and verify_nkey(nkey, nonce, sig)
+                return (u if ok else None), None, ""
+        return None, None, ""
     if username:
         for u in all_users:
             if u.username and u.username == username and not u.nkey:
-                return u if compare_secret(u.password, password) else None
+                return u, u.password, password
         if auth.username and auth.username == username:
-            return User(auth.username) if compare_secret(auth.password, password) else None
-        return None
+            return User(auth.username), auth.password, password
+        return None, None, ""
     if auth.token:
-        return User() if token and compare_secret(auth.token, token) else None
+        return (User() if token else None), auth.token, token
     if auth.no_auth_user and not token and not password:
         for u in all_users:
             if u.username == auth.no_auth_user:
-                return u
-    return None
+                return u, None, ""
+    return None, None, ""
+
+
+def authenticate(auth: AuthOptions, users_by_account: dict, connect: dict,
+                 nonce: str) -> User | None:
+    """The user a CONNECT authenticates as, or None (``identify`` plus the check)."""
+    user, secret, given = identify(auth, users_by_account, connect, nonce)
+    if user is None or (secret is not None and not compare_secret(secret, given)):
+        return None
+    return user
 
 
 # ---- permissions at run time ---------------------------------------------------------

@@ -20,7 +20,7 @@ from natsjs._core.parser import ProtocolError
 from natsjs._core.sublist import Subscription
 from natsjs.connection import PROTOCOL_VIOLATION, Connection, json_object
 from natsjs.auth import (AUTHENTICATION_TIMEOUT, AUTHORIZATION_VIOLATION, PermissionChecker,
-                         authenticate, new_nonce)
+                         check_secret, compare_secret, identify, is_bcrypt, new_nonce)
 
 if TYPE_CHECKING:  # pragma: no cover
     from natsjs.server import Server
@@ -81,6 +81,9 @@ class Client(Connection):
         self.nonce = new_nonce() if opts.auth.has_nkeys or any(
             u.nkey for a in opts.accounts for u in a.users) else ""
         self.user = None
+        # The configured secret this connection's credentials were found to match:
+        # a reload that keeps it needs no second (bcrypt) check.
+        self.verified_secret: str | None = None
         self.perms: PermissionChecker | None = None
         self.connect_opts: dict = {}
         self.subs: dict[bytes, Subscription] = {}
@@ -211,9 +214,33 @@ class Client(Connection):
             self.protocol = int(opts.get("protocol", 0) or 0)
         except (TypeError, ValueError):
             self.protocol = -1
-        previous = self.account
-        if self.auth_required and not self._authenticate(opts):
+        if not self.auth_required:
+            self._connected(self.account)
             return
+        user, secret, given = self._identify(opts)
+        if user is not None and secret is not None and is_bcrypt(secret):
+            # Checked in a worker thread; this client's next operations wait for the
+            # verdict, nobody else's do.
+            self.defer(self._check_then_connect, user, secret, given)
+            return
+        if secret is not None and not compare_secret(secret, given):
+            user = None
+        self._authorized(user, secret)
+
+    async def _check_then_connect(self, user, secret: str, given: str) -> None:
+        ok = await check_secret(secret, given, self.server.password_checks)
+        self._authorized(user if ok else None, secret)
+
+    def _authorized(self, user, secret: str | None) -> None:
+        """The rest of CONNECT once the credentials were checked (user None: refused)."""
+        previous = self.account
+        if not self._bind(user, self.connect_opts):
+            return
+        self.verified_secret = secret
+        self._connected(previous)
+
+    def _connected(self, previous) -> None:
+        core = self.core
         if self.connect_received:
             if self.account is not previous:
                 # A second CONNECT moved us to another account: what we subscribed to
@@ -237,14 +264,17 @@ class Client(Connection):
             return
         self._ok()
 
-    def _authenticate(self, connect: dict) -> bool:
+    def _identify(self, connect: dict):
+        """(user, secret, given) as auth.identify; verify_and_map maps the certificate."""
         server = self.server
         tls = server.opts.tls
         if tls is not None and tls.verify_and_map and getattr(self.transport, "is_tls", False):
-            user = self._tls_mapped_user()
-        else:
-            user = authenticate(server.opts.auth, server.users_by_account(), connect,
-                                self.nonce)
+            return self._tls_mapped_user(), None, ""
+        return identify(server.opts.auth, server.users_by_account(), connect, self.nonce)
+
+    def _bind(self, user, connect: dict) -> bool:
+        """Bind the connection to ``user`` and its account; close it if there is none."""
+        server = self.server
         if user is None:
             server.log.error(self.log_prefix + "authentication error%s",
                              " - User %r" % connect["user"] if connect.get("user") else "")
@@ -295,21 +325,39 @@ class Client(Connection):
             else:
                 self.bind_user(type(self.user)()) if self.user is not None else None
             return
-        user = authenticate(server.opts.auth, server.users_by_account(), self.connect_opts,
-                            self.nonce)
+        user, secret, given = self._identify(self.connect_opts)
         account = None
         if user is not None:
             account = server.lookup_account(user.account) if user.account else server.account
         if user is None or account is not self.account:
-            server.log.error(self.log_prefix + "authentication error after reload")
-            self.close(AUTH_VIOLATION_REASON, AUTHORIZATION_VIOLATION)
+            self._refused_after_reload()
             return
+        if secret is not None and secret != self.verified_secret:
+            # The configured secret changed: check again, a bcrypt hash off the loop
+            # (the connection keeps working meanwhile and is closed if it fails).
+            if is_bcrypt(secret):
+                server.spawn(self._recheck, secret, given)
+            elif not compare_secret(secret, given):
+                self._refused_after_reload()
+                return
+            else:
+                self.verified_secret = secret
         self.bind_user(user)
         # Subscriptions the new permissions forbid are dropped, as nats-server does.
         if self.perms is not None:
             for sid, sub in list(self.subs.items()):
                 if not self.perms.can_subscribe(sub.subject, sub.queue):
                     self.auto_unsubscribe(sub)
+
+    async def _recheck(self, secret: str, given: str) -> None:
+        if await check_secret(secret, given, self.server.password_checks):
+            self.verified_secret = secret
+        elif self.closed_reason is None:
+            self._refused_after_reload()
+
+    def _refused_after_reload(self) -> None:
+        self.server.log.error(self.log_prefix + "authentication error after reload")
+        self.close(AUTH_VIOLATION_REASON, AUTHORIZATION_VIOLATION)
 
     def send_async_info(self, **extra) -> None:
         """INFO to a client that understands async INFO (protocol >= 1)."""
@@ -326,6 +374,13 @@ class Client(Connection):
         self.queue_proto(b"-ERR '%s'\r\n" % text.encode())
         return False
 
+    def reply_violation(self, reply: bytes) -> None:
+        """A PUB asked for its answers on a reserved reply subject; it is dropped."""
+        text = json.dumps(reply.decode("utf-8", "replace"))
+        self.server.log.error(self.log_prefix + "Publish Violation - Reply %s", text)
+        self.queue_proto(b"-ERR 'Permissions Violation for Publish with Reply of %s'\r\n"
+                         % text.encode())
+
     def _user_label(self) -> str:
         u = self.user
         if u is None:
@@ -334,7 +389,9 @@ class Client(Connection):
 
     async def _auth_timeout(self) -> None:
         await trio.sleep(self.server.opts.auth.timeout)
-        if self.user is None:
+        # A CONNECT disarms the timer (server/client.go processConnect clearAuthTimer):
+        # a password check still running is not a client that failed to authenticate.
+        if self.user is None and not self.connect_opts:
             self.server.log.debug(self.log_prefix + "Authentication Timeout")
             self.close(AUTH_TIMEOUT_REASON, AUTHENTICATION_TIMEOUT)
 

@@ -72,8 +72,15 @@ that spelling for messages that must match its output byte for byte.
 Errors
 ------
 Every failure raises :class:`ConfigError`; ``str(err)`` is
-``"file:line:col: reason"`` (``err.pos`` holds the :class:`Pos`).  Line
-numbers are the ones nats-server's "Parse error on line N" would give.
+``"file:line:col: message"`` (``err.pos`` holds the :class:`Pos`), where the
+message is nats-server's own sentence for the error, so tools that read a
+server's error find the words they know: ``Parse error on line N: '...'``
+for syntax errors, ``config is invalid (file:line:col)``, ``variable
+reference for 'x' on line N can not be found``, ``error parsing include file
+'f', <the included file's error>`` (positioned in the included file), and
+``open <path>: no such file or directory``.  ``err.reason`` is the bare cause.
+Where nats-server prints the end of input as a raw NUL byte ("but got '\\x00'
+instead") natsjs says ``EOF``.
 
 Deliberate differences from the reference (it crashes or silently corrupts):
 an integer with an unknown suffix such as ``1kbb`` or a size overflowing
@@ -124,12 +131,20 @@ class Pos(NamedTuple):
 
 
 class ConfigError(Exception):
-    """A configuration file could not be read or parsed."""
+    """A configuration file could not be read or parsed.
 
-    def __init__(self, reason: str, pos: Optional[Pos] = None):
+    ``reason`` says what is wrong; ``message`` says it in the words of
+    nats-server (what ``nats-server -t`` prints after its name, e.g.
+    ``Parse error on line 2: 'Unexpected EOF.'``), which tools that start a
+    server and read its error look for; ``str(err)`` is natsjs's
+    ``file:line:col`` followed by ``message``.
+    """
+
+    def __init__(self, reason: str, pos: Optional[Pos] = None, message: Optional[str] = None):
         self.reason = reason
         self.pos = pos
-        super().__init__(f"{pos}: {reason}" if pos is not None else reason)
+        self.message = reason if message is None else message
+        super().__init__(f"{pos}: {self.message}" if pos is not None else self.message)
 
     @property
     def file(self) -> Optional[str]:
@@ -305,7 +320,9 @@ class _Parser:
         # error about a newline belongs to the line that follows.
         if offset < self.n and self.s[offset] == "\n":
             offset += 1
-        return ConfigError(reason, self.pos(min(offset, self.n)))
+        pos = self.pos(min(offset, self.n))
+        # conf/parse.go processItem: every lexer error becomes this sentence.
+        return ConfigError(reason, pos, f"Parse error on line {pos.line}: '{reason}'")
 
     # -- low-level reading ----------------------------------------------------
 
@@ -347,7 +364,9 @@ class _Parser:
             pass
         if self.dangling_key:
             key, _ = self.keys[-1]
-            raise self.error(f"config is invalid: key '{key}' has no value", self.n)
+            pos = self.pos(self.n)
+            raise ConfigError(f"key '{key}' has no value", pos,
+                              f"config is invalid ({pos.nats()})")
         return self.root
 
     def finish(self) -> None:
@@ -800,8 +819,8 @@ class _Parser:
                     self.on_close(self.i - 1)
                     return
                 raise self.error(
-                    "Expected an array value terminator ',' or an array terminator "
-                    f"']', but got '{_show(c)}' instead.",
+                    'Expected an array value terminator "," or an array terminator '
+                    f'"]", but got \'{_show(c)}\' instead.',
                     self.i - 1 if c else self.n,
                 )
 
@@ -866,7 +885,7 @@ class _Parser:
                     if c in _USPACE:
                         continue
                     if c == ",":
-                        raise self.error("Unexpected map value terminator ','.", self.i - 1)
+                        raise self.error('Unexpected map value terminator ",".', self.i - 1)
                     if c == "}":
                         # "k = }" closes the map; the pending key k receives it.
                         self.on_close(self.i - 1)
@@ -891,7 +910,7 @@ class _Parser:
                     self.on_close(self.i - 1)
                     return
                 raise self.error(
-                    "Expected a map value terminator ',' or a map terminator '}', "
+                    'Expected a map value terminator "," or a map terminator "}", '
                     f"but got '{_show(c)}' instead.",
                     self.i - 1 if c else self.n,
                 )
@@ -972,16 +991,15 @@ class _Parser:
                 ctx.used_variables.add(name)
                 self.set_value(ctx[name], pos)
                 return
+        # The reference's sentences name the variable's line (conf/parse.go).
+        unparsable = f"variable reference for '{name}' on line {pos.line} could not be parsed: "
         if name in self.env_refs:
-            raise ConfigError(
-                f"variable reference for '{name}' could not be parsed: "
-                f"variable reference cycle for '{name}'",
-                pos,
-            )
+            reason = f"variable reference cycle for '{name}'"
+            raise ConfigError(reason, pos, unparsable + reason)
         env = os.environ if self.env is None else self.env
         raw = env.get(name)
         if raw is None:
-            raise ConfigError(f"variable reference for '{name}' can not be found", pos)
+            self.variable_not_found(name, pos)
         # The environment text is parsed like a config value, so PORT=4222
         # yields an int and it may itself refer to other variables.
         self.env_refs.add(name)
@@ -989,25 +1007,31 @@ class _Parser:
             sub = _Parser(f"pk={raw}", f"<env ${name}>", ".", self.env, self.include_chain, self.env_refs)
             found = sub.run()
         except ConfigError as exc:
-            raise ConfigError(
-                f"variable reference for '{name}' could not be parsed: {exc.reason}", pos
-            ) from None
+            raise ConfigError(f"variable reference for '{name}' could not be parsed: "
+                              f"{exc.reason}", pos, unparsable + exc.message) from None
         finally:
             self.env_refs.discard(name)
         if "pk" not in found:
-            raise ConfigError(f"variable reference for '{name}' can not be found", pos)
+            self.variable_not_found(name, pos)
         self.set_value(found["pk"], pos)
+
+    @staticmethod
+    def variable_not_found(name: str, pos: Pos) -> None:
+        raise ConfigError(f"variable reference for '{name}' can not be found", pos,
+                          f"variable reference for '{name}' on line {pos.line} can not be found")
 
     def on_include(self, path: str, offset: int) -> None:
         pos = self.pos(offset)
         target = _join_include(self.base_dir, path)
         ident = os.path.realpath(target)
+        failed = f"error parsing include file '{path}', "
         if ident in self.include_chain:
-            raise ConfigError(f"error parsing include file '{path}': include cycle", pos)
+            raise ConfigError("include cycle", pos, failed + "include cycle")
         try:
             included = _parse_path(target, self.env, self.include_chain + (ident,))
         except ConfigError as exc:
-            raise ConfigError(f"error parsing include file '{path}': {exc}", pos) from None
+            # Reported where the included file went wrong, when it says where.
+            raise ConfigError(exc.reason, exc.pos or pos, failed + exc.message) from None
         self.dangling_key = False
         for key, value in included.items():
             self.keys.append((key, included.positions[key]))
@@ -1026,7 +1050,13 @@ def _parse_path(path: str, env: Optional[Mapping[str, str]], chain: tuple[str, .
         with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
-        raise ConfigError(f"{path}: error opening config file: {exc.strerror or exc}") from None
+        # Go's wording for the failed os.ReadFile: "open <path>: <errno text>"
+        # (lower case), or "read <path>: is a directory".
+        text = exc.strerror or str(exc)
+        text = text[:1].lower() + text[1:]
+        op = "read" if isinstance(exc, IsADirectoryError) else "open"
+        raise ConfigError(f"error opening config file {path}: {text}",
+                          message=f"{op} {path}: {text}") from None
     text = data.decode("utf-8", "replace")
     return _Parser(text, path, os.path.dirname(path) or ".", env, chain).run()
 

@@ -87,6 +87,7 @@ class Connection:
         self._scope: trio.CancelScope | None = None
         self.closed_reason: str | None = None
         self._linger = False
+        self._deferred = None             # (step, args) set by defer()
         # S2 stream framing (compressed routes): bytes are compressed from core.out
         # into _zout when flushed, and decoded before the parser on the way in.
         self.s2_reader = None
@@ -124,6 +125,16 @@ class Connection:
 
     def on_closed(self) -> None:
         """Release what the connection held (subscriptions, registrations)."""
+
+    def defer(self, step, *args) -> None:
+        """Finish the operation being parsed with ``await step(*args)``.
+
+        The parser stops after this operation; the read loop awaits the step and
+        then parses what followed.  For work that must not hold the event loop, such
+        as a bcrypt password check: this connection waits for it, no other does.
+        """
+        self._deferred = (step, args)
+        self.core.pause = True
 
     def close(self, reason: str, err: str | None = None) -> None:
         """Close from any task: queue ``-ERR`` if given, flush what we can, cancel."""
@@ -212,16 +223,26 @@ class Connection:
                 if self.s2_reader is not None:
                     self._feed_s2(view[:n])
                 else:
-                    used = core.feed(view[:n])
-                    if core.pause:
-                        # A handler switched the stream (S2 from the next byte on).
+                    data = view[:n]
+                    used = core.feed(data)
+                    while core.pause:
+                        # A handler deferred the end of its operation (defer()), or
+                        # switched the stream (S2 from the next byte on).
                         core.pause = False
-                        rest = bytes(view[used:n])
-                        if rest:
-                            if self.s2_reader is not None:
-                                self._feed_s2(rest)
-                            else:
-                                core.feed(rest)
+                        data = bytes(data[used:])
+                        if self._deferred is not None:
+                            step, args = self._deferred
+                            self._deferred = None
+                            server.flush_pcd(core)
+                            await step(*args)
+                            if core.closed:
+                                break
+                        if not data:
+                            break
+                        if self.s2_reader is not None:
+                            self._feed_s2(data)
+                            break
+                        used = core.feed(data)
             except ProtocolError as exc:
                 server.flush_pcd(core)
                 self._protocol_error(exc)

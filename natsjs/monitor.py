@@ -20,7 +20,8 @@ existing dashboards, exporters and test harnesses read it unchanged:
 
 Bad parameters get HTTP 400 with nats-server's plain-text message; an exception in
 a handler gets a 500 and an error log line, never a dead server.  ``callback=NAME``
-wraps any JSON answer in ``NAME(...)`` (JSONP; nats-server dropped this, we keep it).
+wraps any JSON answer in ``NAME(...)`` (JSONP; nats-server dropped this, we keep it);
+NAME must be a dotted JavaScript name, anything else is a 400.
 
 Hooks
 -----
@@ -924,8 +925,17 @@ THREAD_ENCODE_ITEMS = 512
 _LISTS = ("connections", "subscriptions_list", "routes")
 
 
+# A JSONP callback is echoed into a script: only a (dotted) JavaScript name, or the
+# page that asks could be made to run whatever the query string says.
+_JS_NAME = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*(?:\.[A-Za-z_$][A-Za-z0-9_$]*)*")
+MAX_CALLBACK = 128
+
+
 def _prepare(server, path: str, query: dict):
     """(status, body, content type); body is bytes, or a dict still to be encoded."""
+    callback = query.get("callback")
+    if callback and (len(callback) > MAX_CALLBACK or not _JS_NAME.fullmatch(callback)):
+        return 400, b"invalid callback: must be a JavaScript name\n", TEXT
     if path == "/":
         return 200, root_page().encode(), "text/html; charset=utf-8"
     handler = ENDPOINTS.get(path)

@@ -115,6 +115,7 @@ class Route(Connection):
         self.no_reconnect = False
         self.remote_subs: dict[tuple, Subscription] = {}
         self._pings_sent = 0
+        self._checking = False           # a bcrypt check of the CONNECT is running
         self.log_prefix = "%s:%d - rid:%d - " % (self.host, self.port, rid)
         if not self.did_solicit:
             core.connect_required = True   # the acceptor wants CONNECT first
@@ -167,7 +168,8 @@ class Route(Connection):
 
     async def _auth_timeout(self) -> None:
         await trio.sleep(self.cluster.copts.auth_timeout)
-        if self.core.connect_required:
+        # A CONNECT whose password is still being checked disarmed the timer.
+        if self.core.connect_required and not self._checking:
             self.close(AUTH_VIOLATION, "Authentication Timeout")
 
     def on_closed(self) -> None:
@@ -253,12 +255,31 @@ class Route(Connection):
                        'port' % c.get("gateway"))
             return
         if copts.username:
-            from natsjs.auth import compare_secret
-            if c.get("user") != copts.username or not compare_secret(
-                    copts.password, str(c.get("pass") or "")):
-                self.server.log.error(self.log_prefix + "authentication error")
-                self.close(AUTH_VIOLATION, "Authorization Violation")
+            from natsjs.auth import compare_secret, is_bcrypt
+            given = str(c.get("pass") or "")
+            if c.get("user") == copts.username and is_bcrypt(copts.password):
+                # A bcrypt check runs in a worker thread (Connection.defer).
+                self._checking = True
+                self.defer(self._check_then_connect, c, copts.password, given)
                 return
+            if c.get("user") != copts.username or not compare_secret(copts.password, given):
+                self._refuse_credentials()
+                return
+        self._connect_accepted(c)
+
+    async def _check_then_connect(self, c: dict, secret: str, given: str) -> None:
+        from natsjs.auth import check_secret
+        if await check_secret(secret, given, self.server.password_checks):
+            self._connect_accepted(c)
+        else:
+            self._refuse_credentials()
+
+    def _refuse_credentials(self) -> None:
+        self.server.log.error(self.log_prefix + "authentication error")
+        self.close(AUTH_VIOLATION, "Authorization Violation")
+
+    def _connect_accepted(self, c: dict) -> None:
+        cluster = self.cluster
         theirs = str(c.get("cluster") or "")
         if theirs and theirs != cluster.name:
             if cluster.dynamic_name and (not c.get("cluster_dynamic") or cluster.name < theirs):

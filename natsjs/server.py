@@ -7,6 +7,31 @@ tests can run several servers in one process.
 Where a message goes from here: a client's read loop (natsjs/client.py) feeds the
 Cython core, which queues frames on the subscribers' connections; the read loop then
 calls ``flush_pcd`` so each of those connections is written once per read batch.
+
+Internal subscriptions (server code that subscribes like a client)
+-----------------------------------------------------------------
+Imports, the $SYS request handlers and JetStream subscribe through the same sublists
+as clients; a matching message calls their handler ``handler(sub, subject, reply,
+hdr, msg)`` from inside the publisher's fan-out.  The API:
+
+* ``server.add_internal_owner(owner)``: ``owner`` (an :class:`InternalOwner`) gets
+  ``owner.install(server)`` now and again after every accounts reload, which drops all
+  internal subscriptions; ``install`` subscribes everything the owner needs, so a
+  subsystem registers once and its subscriptions survive reloads.
+* ``server.subscribe_internal(account, subject, handler, owner, queue=None,
+  route=True)``: one subscription (``route=False`` keeps it from the routes when
+  every server has the same one and serves only its own clients).
+* A handler that raises does not hurt the publisher: the error is logged with the
+  subject and owner, and a request (a message with a reply subject) is answered with
+  ``owner.error_reply(subject, exc)`` (``{"error": {"code": 500, ...}}`` by default).
+* A handler cannot await.  Work that must wait (an fsync, a reply that depends on
+  it) goes to ``server.spawn(async_fn, *args, owner=owner)``, a task in the root
+  nursery outside the fan-out; it returns False, and runs nothing, when the server
+  is not running or the owner already has ``owner.max_tasks`` tasks running, so the
+  handler can answer "busy" instead of growing memory.  A task's exception is logged.
+* ``server.deliver(account, subject, reply, msg)`` publishes from server code.
+  Called from inside a handler it runs after the current fan-out instead of
+  recursing, so chains of imports of any length keep a flat stack.
 """
 from __future__ import annotations
 
@@ -22,7 +47,7 @@ import time
 import trio
 
 from natsjs import NATS_VERSION, __version__
-from natsjs.accounts import GLOBAL_ACCOUNT, MAX_IMPORT_HOPS, Account
+from natsjs.accounts import GLOBAL_ACCOUNT, MAX_IMPORT_HOPS, Account, Imports
 from natsjs.client import MAX_CONNECTIONS, Client
 from natsjs.connection import SERVER_SHUTDOWN
 from natsjs.log import Logger
@@ -36,6 +61,45 @@ ACCEPT_MIN_SLEEP = 0.010
 ACCEPT_MAX_SLEEP = 1.0
 
 _B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+
+
+class InternalOwner:
+    """What owns a group of internal subscriptions (see the module docstring)."""
+
+    name = "internal"
+    # Tasks ``Server.spawn`` may run at once for this owner.
+    max_tasks = 256
+
+    def install(self, server: "Server") -> None:
+        """Subscribe everything (again after a reload); must be idempotent."""
+
+    def error_reply(self, subject: bytes, exc: Exception) -> bytes:
+        """The answer to a request whose handler failed."""
+        return json.dumps({"error": {"code": 500, "description": "internal error"}},
+                          separators=(",", ":")).encode()
+
+
+class _Handler:
+    """Binds an internal subscription to its owner and account, for failures."""
+
+    __slots__ = ("server", "owner", "account")
+
+    def __init__(self, server: "Server", owner, account: Account):
+        self.server = server
+        self.owner = owner
+        self.account = account
+
+    def handler_failed(self, sub, subject: bytes, reply: bytes | None, exc: Exception) -> None:
+        """Called by the fan-out (fanout.pyx Conn.deliver) when the handler raised."""
+        server = self.server
+        server.log.error("Internal subscription of %s on %r failed: %r",
+                         getattr(self.owner, "name", "?"),
+                         subject.decode("utf-8", "replace"), exc)
+        if reply:
+            answer = getattr(self.owner, "error_reply", None)
+            payload = answer(subject, exc) if answer is not None else \
+                InternalOwner.error_reply(self.owner, subject, exc)
+            server.deliver(self.account, reply, None, payload)
 
 
 def new_server_id() -> str:
@@ -63,21 +127,27 @@ class Server:
             acc.on_interest = self.route_interest
         self.system_account = self.accounts[opts.system_account]
         self.system_account.is_system = True
-        for acc in self.accounts.values():
-            acc.wire_imports(self, self.accounts)
         self.account = self.accounts[GLOBAL_ACCOUNT]
         self.tls_context = None
         if opts.tls is not None:
             from natsjs.tls import make_server_context
             self.tls_context = make_server_context(opts.tls)
-        self._deliver_depth = 0
         if opts.jetstream is not None:
             from natsjs.jetstream.engine import JetStream
             self.jetstream = JetStream(self, opts.jetstream)
+        # Server.deliver: deliveries asked for from inside a fan-out wait here.
+        self._delivering = False
+        self._hops = 0
+        self._deliveries: collections.deque = collections.deque()
         self._own_urls: list[str] | None = None
         self._sys_seq = 0
+        self._owners: list = []
+        # Password (bcrypt) checks running in worker threads at once.
+        self.password_checks = trio.CapacityLimiter(max(2, os.cpu_count() or 1))
+        self._owner_tasks: dict[int, int] = {}
         from natsjs import sysreq
-        sysreq.install(self)
+        self.add_internal_owner(Imports())
+        self.add_internal_owner(sysreq.SysRequests())
         if opts.cluster is not None:
             from natsjs.cluster import Cluster
             self.cluster = Cluster(self, opts.cluster)
@@ -152,7 +222,7 @@ class Server:
             return
         self.shutting_down = True
         self.log.info("Initiating Shutdown...")
-        self._accept_scope.cancel()
+        self._stop_accepting()
         for c in list(self.clients.values()):
             c.close(SERVER_SHUTDOWN)
         if self.cluster is not None:
@@ -163,7 +233,7 @@ class Server:
 
     async def graceful_shutdown(self, timeout: float = 2.0) -> None:
         """Stop accepting, give pending output a moment to drain, then shut down."""
-        self._accept_scope.cancel()
+        self._stop_accepting()
         with trio.move_on_after(timeout):
             for c in list(self.clients.values()):
                 c.flush()
@@ -183,7 +253,7 @@ class Server:
         self.lame_duck = True
         opts = self.opts
         self.log.info("Entering lame duck mode, stop accepting new clients")
-        self._accept_scope.cancel()
+        self._stop_accepting()
         if self.cluster is not None:
             self.cluster.send_ldm()
         clients = list(self.clients.values())
@@ -202,6 +272,24 @@ class Server:
             if i < len(clients) - 1:
                 await trio.sleep(interval * (0.5 + secrets.randbelow(1000) / 2000))
         self.shutdown()
+
+    def _stop_accepting(self) -> None:
+        """Stop taking clients and close the listener now.
+
+        A client that tries this server while it drains or stops is refused at once
+        and moves on to the next server, instead of completing a TCP handshake with
+        the listen backlog and waiting for an INFO that never comes (nats-server
+        closes its listener first, server/server.go Shutdown and lameDuckMode).
+        """
+        self._accept_scope.cancel()
+        lsock, self._listener = self._listener, None
+        if lsock is None:
+            return
+        try:
+            trio.lowlevel.notify_closing(lsock)
+        except RuntimeError:        # not in trio (a stop before run): nothing waits on it
+            pass
+        lsock.close()
 
     def reload(self, opts: ServerOptions) -> list[str]:
         """Apply a re-read configuration to the running server; returns what changed.
@@ -249,11 +337,7 @@ class Server:
 
     def _reload_accounts(self, opts: ServerOptions) -> None:
         for acc in self.accounts.values():
-            for sub in acc.internal_subs:
-                acc.sublist.remove(sub)
-            self.route_interest(acc, acc.internal_subs, -1)
-            acc.internal_subs.clear()
-            acc.reset_imports()
+            self.route_interest(acc, acc.clear_internal(), -1)
         for cfg in opts.accounts:
             acc = self.accounts.get(cfg.name)
             if acc is None:
@@ -269,10 +353,50 @@ class Server:
         if self.cluster is not None:
             self.cluster.accounts_changed()
         self.system_account = self.accounts[opts.system_account]
-        for acc in self.accounts.values():
-            acc.wire_imports(self, self.accounts)
-        from natsjs import sysreq
-        sysreq.install(self)
+        for owner in self._owners:
+            owner.install(self)
+
+    # ---- internal subscriptions (see the module docstring) ----------------------------
+
+    def add_internal_owner(self, owner) -> None:
+        """Install ``owner``'s subscriptions now and after every accounts reload."""
+        self._owners.append(owner)
+        owner.install(self)
+
+    def subscribe_internal(self, account: Account | str, subject: bytes, handler, owner,
+                           queue: bytes | None = None, route: bool = True):
+        """Subscribe ``handler(sub, subject, reply, hdr, msg)`` in ``account``."""
+        if isinstance(account, str):
+            account = self.accounts[account]
+        return account.add_internal(subject, handler, queue, route,
+                                    _Handler(self, owner, account))
+
+    def spawn(self, fn, *args, owner=None) -> bool:
+        """Run ``await fn(*args)`` in a server task, outside the current fan-out.
+
+        False (nothing started) when the server is not running or stopping, or when
+        ``owner`` already has ``owner.max_tasks`` tasks running.
+        """
+        if self._nursery is None or self.shutting_down:
+            return False
+        key = id(owner)
+        running = self._owner_tasks.get(key, 0)
+        if owner is not None and running >= getattr(owner, "max_tasks", 0):
+            return False
+        self._owner_tasks[key] = running + 1
+        self._nursery.start_soon(self._run_task, fn, args, owner, key)
+        return True
+
+    async def _run_task(self, fn, args, owner, key) -> None:
+        try:
+            await fn(*args)
+        except Exception as exc:
+            self.log.error("Task %s of %s failed: %r", getattr(fn, "__name__", fn),
+                           getattr(owner, "name", "the server"), exc)
+        finally:
+            left = self._owner_tasks.pop(key, 1) - 1
+            if left > 0:
+                self._owner_tasks[key] = left
 
     def _listen(self, host: str, port: int) -> socket.socket:
         if port == RANDOM_PORT:
@@ -302,9 +426,14 @@ class Server:
             try:
                 sock, addr = lsock.accept()
             except BlockingIOError:
-                await trio.lowlevel.wait_readable(lsock)
+                try:
+                    await trio.lowlevel.wait_readable(lsock)
+                except trio.ClosedResourceError:
+                    return          # closed by _stop_accepting
                 continue
             except OSError as exc:
+                if lsock.fileno() < 0:
+                    return
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     self.log.error("Temporary %s Accept Error(%s), sleeping %dms",
                                    what, exc, int(delay * 1000))
@@ -323,6 +452,8 @@ class Server:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._cid += 1
             on_socket(sock, addr)
+            # A burst of connections must not starve the connections already served.
+            await trio.lowlevel.checkpoint()
 
     def _new_client(self, sock: socket.socket, addr) -> None:
         client = Client(self, sock, self._cid, addr)
@@ -371,27 +502,45 @@ class Server:
 
         The message goes through the same Cython fan-out as a client's PUB, from a
         publisher core of the account's; every connection written to is flushed once.
+        A delivery asked for by a handler inside another one is queued and run when
+        that one is done, so import chains keep a flat stack whatever their length;
+        only a cycle reaches MAX_IMPORT_HOPS, and what it drops is logged.
         """
-        if self._deliver_depth >= MAX_IMPORT_HOPS:
-            self.log.warn("dropping message on %r: import chain too deep", subject)
+        if self._delivering:
+            hops = self._hops + 1
+            if hops > MAX_IMPORT_HOPS:
+                self.log.error("Dropping message on %r after %d internal deliveries in a "
+                               "row (an import cycle?)", subject.decode("utf-8", "replace"),
+                               MAX_IMPORT_HOPS)
+                return
+            self._deliveries.append((account, subject, reply, msg, hdr, to_routes, shown, hops))
             return
-        self._deliver_depth += 1
+        self._delivering = True
         try:
-            core = account.publisher()
-            core.to_routes = to_routes
-            try:
-                if shown is None:
-                    core.publish(subject, reply, hdr, msg)
-                else:
-                    # A JetStream delivery passed on (imports): routed by ``subject``,
-                    # shown with the stored message's.
-                    core.publish_deliver(subject, shown, reply, hdr, msg)
-            finally:
-                core.stalled = None     # server code does not wait for slow consumers
-                account.release_publisher(core)
-                self.flush_pcd(core)
+            self._fan_out(account, subject, reply, msg, hdr, to_routes, shown)
+            while self._deliveries:
+                *item, self._hops = self._deliveries.popleft()
+                self._fan_out(*item)
         finally:
-            self._deliver_depth -= 1
+            self._delivering = False
+            self._hops = 0
+            self._deliveries.clear()
+
+    def _fan_out(self, account: Account, subject: bytes, reply: bytes | None, msg: bytes,
+                 hdr: int, to_routes: bool, shown: bytes | None = None) -> None:
+        core = account.publisher()
+        core.to_routes = to_routes
+        try:
+            if shown is None:
+                core.publish(subject, reply, hdr, msg)
+            else:
+                # A JetStream delivery passed on (imports): routed by ``subject``,
+                # shown with the stored message's.
+                core.publish_deliver(subject, shown, reply, hdr, msg)
+        finally:
+            core.stalled = None     # server code does not wait for slow consumers
+            account.release_publisher(core)
+            self.flush_pcd(core)
 
     def lookup_account(self, name: str) -> Account | None:
         return self.accounts.get(name)

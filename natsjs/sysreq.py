@@ -114,10 +114,19 @@ def _handler(server, kind):
     return on_request
 
 
-def install(server) -> None:
-    acc = server.system_account
-    acc.add_internal(b"$SYS.REQ.SERVER.PING", _handler(server, None))
-    for kind in KINDS:
-        acc.add_internal(b"$SYS.REQ.SERVER.PING." + kind.encode(), _handler(server, kind))
-        acc.add_internal(b"$SYS.REQ.SERVER.%s.%s" % (server.server_id.encode(), kind.encode()),
-                         _handler(server, kind))
+class SysRequests:
+    """The internal-subscription owner of the $SYS request handlers."""
+
+    name = "$SYS requests"
+    max_tasks = 0
+
+    def install(self, server) -> None:
+        acc = server.system_account
+        sid = server.server_id.encode()
+        server.subscribe_internal(acc, b"$SYS.REQ.SERVER.PING", _handler(server, None), self)
+        for kind in KINDS:
+            handler = _handler(server, kind)
+            server.subscribe_internal(acc, b"$SYS.REQ.SERVER.PING." + kind.encode(), handler,
+                                      self)
+            server.subscribe_internal(acc, b"$SYS.REQ.SERVER.%s.%s" % (sid, kind.encode()),
+                                      handler, self)

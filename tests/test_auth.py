@@ -354,3 +354,170 @@ def test_second_connect_into_another_account_drops_old_subscriptions(kind, tmp_p
         raw.close()
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("kind", ["natsjs", "reference"])
+def test_second_connect_into_another_account_publishes_there(kind, tmp_path):
+    """A connection that moves to account B publishes in B only, even when B's and A's
+    subscription lists happen to have changed the same number of times."""
+    import socket
+    s = _server(kind, tmp_path, SWITCH)
+    try:
+        async def main():
+            in_a = await connect(s, user="a", password="a")
+            sub_a = await in_a.subscribe("foo")            # one change in A
+            await settle(in_a)
+            raw = socket.create_connection(("127.0.0.1", s.port), timeout=TIMEOUT)
+            raw.recv(4096)
+
+            def round_trip(data):
+                raw.sendall(data + b"PING\r\n")
+                buf = b""
+                while b"PONG" not in buf:
+                    buf += raw.recv(4096)
+            round_trip(b'CONNECT {"verbose":false,"user":"a","pass":"a"}\r\nPUB foo 3\r\none\r\n')
+            in_b = await connect(s, user="b", password="b")
+            await in_b.subscribe("bar")                      # one change in B
+            await settle(in_b)
+            round_trip(b'CONNECT {"verbose":false,"user":"b","pass":"b"}\r\nPUB foo 3\r\ntwo\r\n')
+            raw.close()
+            await settle(in_a)
+            assert (await sub_a.next_msg(timeout=TIMEOUT)).data == b"one"
+            with pytest.raises(NatsTimeout):
+                await sub_a.next_msg(timeout=0.3)          # "two" was published in B
+            await in_a.close()
+            await in_b.close()
+        run(main())
+    finally:
+        s.stop()
+
+
+SLOW_HASH = bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=12)).decode()
+SLOW = """
+authorization {
+  users = [
+    { user: x, password: x }
+    { user: bob, password: "%s" }
+  ]
+}
+""" % SLOW_HASH
+
+
+def _until(sock, marker: bytes) -> bytes:
+    buf = b""
+    while marker not in buf:
+        chunk = sock.recv(4096)
+        assert chunk, buf
+        buf += chunk
+    return buf
+
+
+def _raw_client(server, connect: bytes):
+    """A raw connection that has sent ``CONNECT <connect>`` and had its PONG."""
+    import socket
+    c = socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT)
+    c.recv(4096)
+    c.sendall(b"CONNECT " + connect + b"\r\nPING\r\n")
+    _until(c, b"PONG")
+    return c
+
+
+def _ping(sock) -> None:
+    sock.sendall(b"PING\r\n")
+    _until(sock, b"PONG")
+
+
+def _refused_only_now(socks) -> None:
+    """None of ``socks`` has been refused yet, and each of them is refused later."""
+    for b in socks:
+        b.setblocking(False)
+        try:
+            early = b.recv(4096)
+        except BlockingIOError:
+            early = b""
+        assert b"Authorization Violation" not in early, "a password check held the PONG back"
+    for b in socks:
+        b.setblocking(True)
+        _until(b, b"Authorization Violation")
+        b.close()
+
+
+@pytest.mark.parametrize("kind", ["natsjs", "reference"])
+def test_password_hashing_does_not_hold_up_other_clients(kind, tmp_path):
+    """Connections that send wrong passwords for a bcrypt user cost their own time: a
+    client already connected gets its PONG while their checks are still running."""
+    import socket
+    import time
+    conf = tmp_path / "slow.conf"
+    conf.write_text(SLOW)
+    s = (start_natsjs if kind == "natsjs" else start_reference)("-c", str(conf), "-V")
+    try:
+        x = _raw_client(s, b'{"verbose":false,"user":"x","pass":"x"}')
+        bad = []
+        for _ in range(4):
+            b = socket.create_connection(("127.0.0.1", s.port), timeout=TIMEOUT)
+            b.recv(4096)
+            bad.append(b)
+        for b in bad:
+            b.sendall(b'CONNECT {"verbose":false,"user":"bob","pass":"wrong"}\r\nPING\r\n')
+        # Every bad CONNECT has been read (the trace shows it) before we ping.
+        deadline = time.monotonic() + TIMEOUT
+        while s.text().count('"user":"bob"') < 4:
+            assert time.monotonic() < deadline, s.text()
+            time.sleep(0.01)
+        _ping(x)
+        _refused_only_now(bad)
+        x.close()
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("kind", ["natsjs", "reference"])
+def test_route_password_hashing_does_not_hold_up_clients(kind, tmp_path):
+    import re
+    import socket
+    conf = tmp_path / "cluster.conf"
+    conf.write_text('cluster { name: C, listen: "127.0.0.1:-1", authorization { user: r, '
+                    'password: "%s" } }\n' % SLOW_HASH)
+    start_fn = start_natsjs if kind == "natsjs" else start_reference
+    s = start_fn("-c", str(conf))
+    try:
+        port = int(s.wait_for(re.compile(rb"Listening for route connections on [^\s:]+:(\d+)"))
+                   .group(1))
+        x = _raw_client(s, b'{"verbose":false}')
+        bad = []
+        for i in range(4):
+            b = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+            b.recv(4096)
+            b.sendall(b'CONNECT {"verbose":false,"user":"r","pass":"wrong","name":"N%d"}\r\n'
+                      % i)
+            bad.append(b)
+        _ping(x)
+        _refused_only_now(bad)
+        x.close()
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("kind", ["natsjs", "reference"])
+def test_reload_checks_changed_password_hashes_without_holding_up_clients(kind, tmp_path):
+    import re
+    import signal
+    import socket
+    conf = tmp_path / "slow.conf"
+    conf.write_text(SLOW)
+    s = (start_natsjs if kind == "natsjs" else start_reference)("-c", str(conf), "-D")
+    try:
+        x = _raw_client(s, b'{"verbose":false,"user":"x","pass":"x"}')
+        victims = [_raw_client(s, b'{"verbose":false,"user":"bob","pass":"right"}')
+                   for _ in range(3)]
+        # bob's password changes: each of his connections must be checked again
+        conf.write_text(SLOW.replace(SLOW_HASH, bcrypt.hashpw(
+            b"changed", bcrypt.gensalt(rounds=12)).decode()))
+        s.proc.send_signal(signal.SIGHUP)
+        s.wait_for(re.compile(rb"Trapped"))
+        _ping(x)
+        _refused_only_now(victims)
+        x.close()
+    finally:
+        s.stop()

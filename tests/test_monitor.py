@@ -25,6 +25,7 @@ import socket
 import time
 import types
 import urllib.error
+import urllib.parse
 import urllib.request
 from datetime import datetime
 
@@ -683,3 +684,17 @@ def test_big_answers_are_encoded_off_the_event_loop():
             404, b"404 page not found\n", "text/plain; charset=utf-8")
 
     trio.run(main)
+
+
+def test_jsonp_callback_must_be_a_javascript_name(natsjs_server):
+    ours = natsjs_server("-m", "-1")
+    for name in ("cb", "jQuery3610_1700000000", "$.handlers.on_varz", "_x1"):
+        status, ctype, body = get(ours, "/varz?callback=" + urllib.parse.quote(name))
+        assert status == 200 and ctype == "application/javascript", name
+        assert body.startswith(name.encode() + b"(") and body.endswith(b")")
+    for evil in ("alert(1)//", "x;fetch('//e.example')", "a b", "1abc", "a..b", "</script>",
+                 "x\u2028y", "a" * 300):
+        status, ctype, body = get(ours, "/connz?callback=" + urllib.parse.quote(evil))
+        assert status == 400, evil
+        assert ctype.startswith("text/plain")
+        assert evil.encode() not in body

@@ -158,3 +158,37 @@ authorization { users = [
         run(main())
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("kind", ["natsjs", "reference"])
+def test_verify_and_map_clients_survive_a_reload(pki, tmp_path, kind):
+    import signal
+    conf = tmp_path / "map.conf"
+    conf.write_text('''
+tls { cert_file: "%s", key_file: "%s", ca_file: "%s", verify_and_map: true }
+authorization { users = [ { user: "CN=alice" } ] }
+''' % (pki.node_pem, pki.node_key, pki.ca_pem))
+    s = (start_natsjs if kind == "natsjs" else start_reference)("-c", str(conf))
+    try:
+        async def main():
+            closed = asyncio.Event()
+
+            async def on_closed():
+                closed.set()
+            nc = await nats.connect("tls://127.0.0.1:%d" % s.port, tls=ctx(pki, "user"),
+                                    allow_reconnect=False, closed_cb=on_closed)
+            sub = await nc.subscribe("alice.inbox")
+            await nc.flush()
+            # A changed authorization block makes the server check every client again.
+            conf.write_text(conf.read_text().replace('{ user: "CN=alice" }',
+                                                     '{ user: "CN=alice" }, { user: "CN=bob" }'))
+            s.proc.send_signal(signal.SIGHUP)
+            await asyncio.get_running_loop().run_in_executor(
+                None, s.wait_for, re.compile(rb"Reloaded server configuration"))
+            await nc.publish("alice.inbox", b"still here")
+            assert (await sub.next_msg(timeout=TIMEOUT)).data == b"still here"
+            assert not closed.is_set() and nc.is_connected
+            await nc.close()
+        run(main())
+    finally:
+        s.stop()

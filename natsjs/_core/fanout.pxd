@@ -56,6 +56,7 @@ cdef class ClientCore(Conn):
     cdef public object on_reply
     cdef bytes last_subject
     cdef SublistResult last_result
+    cdef Sublist last_sublist          # the sublist last_result came from
     cdef unsigned long long last_gen
     cdef bytes route_reply             # reply + "@" + shown subject, for routes
     cdef SublistResult lookup(self, const unsigned char* subj, Py_ssize_t slen)

@@ -16,6 +16,11 @@ the target's ``bytearray``.  The only per-message Python object is the subject, 
 even that is skipped while a connection keeps publishing to the same subject and
 the sublist has not changed (``last_subject``/``genid``).
 
+An internal subscriber (``Subscription.callback``: imports, $SYS handlers, JetStream)
+is called in place of a frame write; if it raises, its ``owner`` binding is told
+(it logs and answers with an error, natsjs/server.py) and the fan-out goes on, so a
+failing handler never costs the publisher its connection.
+
 Back-pressure (server/client.go queueOutbound): a connection whose pending output
 passes 3/4 of ``max_pending`` is reported in the producer's ``stalled`` so the read
 loop waits for it to drain before reading more; one that passes ``max_pending`` is a
@@ -86,6 +91,18 @@ cdef inline char* _put_payload(char* p, const unsigned char* msg, Py_ssize_t siz
     return p + 2
 
 
+cdef inline bint _has_prefix(const unsigned char* p, Py_ssize_t n, const char* pre,
+                             Py_ssize_t plen) noexcept nogil:
+    return n > plen and memcmp(p, pre, plen) == 0
+
+
+cdef inline bint _reserved_reply(const unsigned char* p, Py_ssize_t n) noexcept nogil:
+    """Reply subjects reserved to servers: service-import responses (``_R_.``),
+    JetStream acknowledgements (``$JS.ACK.``) and gateway replies (``_GR_.``)."""
+    return (n > 3 and memcmp(p, b"_R_.", 4) == 0) or _has_prefix(p, n, b"$JS.ACK.", 8) \
+        or _has_prefix(p, n, b"_GR_.", 5)
+
+
 cdef inline char* reserve(bytearray out, Py_ssize_t extra) except NULL:
     """Grow ``out`` by ``extra`` bytes and return where they start."""
     cdef Py_ssize_t old = PyByteArray_GET_SIZE(out)
@@ -131,10 +148,12 @@ cdef class Conn(ProtoParser):
         cdef Conn target
         cdef const unsigned char* subj = self.pa.subject
         cdef Py_ssize_t slen = self.pa.subject_len
+        cdef bytes subject, reply
         if sub.closed or (sub.max_msgs > 0 and sub.nmsgs >= sub.max_msgs):
             return 0
         if sub.callback is not None:
             sub.nmsgs += 1
+            subject = PyBytes_FromStringAndSize(<const char*>subj, slen)
             reply = PyBytes_FromStringAndSize(<const char*>self.pa.reply, self.pa.reply_len) \
                 if self.pa.reply != NULL else None
             if self.dsubj != NULL:
@@ -143,12 +162,18 @@ cdef class Conn(ProtoParser):
                 # in the reply the way routes carry it: ``reply@shown``.
                 reply = (reply or b"") + b"@" + PyBytes_FromStringAndSize(
                     <const char*>self.dsubj, self.dsubj_len)
-            sub.callback(
-                sub,
-                PyBytes_FromStringAndSize(<const char*>subj, slen),
-                reply,
-                self.pa.hdr,
-                PyBytes_FromStringAndSize(<const char*>msg, self.pa.size))
+            try:
+                sub.callback(sub, subject, reply, self.pa.hdr,
+                             PyBytes_FromStringAndSize(<const char*>msg, self.pa.size))
+            except Exception as exc:
+                # A failing handler is its owner's problem (it logs and answers with
+                # an error), never the publisher's: the fan-out goes on.
+                if sub.owner is None:
+                    raise
+                try:
+                    sub.owner.handler_failed(sub, subject, reply, exc)
+                except Exception:
+                    pass
             return 1
         if self.dsubj != NULL:
             subj, slen = self.dsubj, self.dsubj_len
@@ -276,13 +301,18 @@ cdef class ClientCore(Conn):
 
     cdef SublistResult lookup(self, const unsigned char* subj, Py_ssize_t slen):
         cdef bytes s = self.last_subject
+        # The change counter is per sublist: a connection that moved to another
+        # account (a second CONNECT) must not take the old account's result because
+        # the two counters happen to be equal.
         if s is not None and self.last_gen == self.sublist.genid \
+                and self.last_sublist is self.sublist \
                 and PyBytes_GET_SIZE(s) == slen \
                 and memcmp(PyBytes_AS_STRING(s), subj, slen) == 0:
             return self.last_result
         s = PyBytes_FromStringAndSize(<const char*>subj, slen)
         self.last_result = self.sublist.match(s)
         self.last_subject = s
+        self.last_sublist = self.sublist
         self.last_gen = self.sublist.genid
         return self.last_result
 
@@ -307,6 +337,14 @@ cdef class ClientCore(Conn):
             self.queued(self)
         if self.pub_check is not None and not self.pub_check(
                 PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len)):
+            return 0
+        if self.pa.reply != NULL and self.conn is not None \
+                and _reserved_reply(self.pa.reply, self.pa.reply_len):
+            # A client may answer on these but not ask for answers there: they map
+            # service-import responses across accounts (server/client.go
+            # isReservedReply).  Server code publishes with conn None.
+            self.conn.reply_violation(
+                PyBytes_FromStringAndSize(<const char*>self.pa.reply, self.pa.reply_len))
             return 0
         r = self.lookup(self.pa.subject, self.pa.subject_len)
         for sub in r.psubs:

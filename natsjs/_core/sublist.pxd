@@ -8,6 +8,9 @@ cdef class Subscription:
     # routes, or None for an internal subscriber, which has ``callback`` instead.
     cdef public object client
     cdef public object callback
+    # An internal subscriber's owner binding: owner.handler_failed(sub, subject,
+    # reply, exc) is told when ``callback`` raises (natsjs/server.py).
+    cdef public object owner
     cdef public long long max_msgs   # 0: no auto-unsubscribe limit
     cdef public long long nmsgs
     cdef public int qweight          # queue weight of a remote (route) queue sub

@@ -8,13 +8,14 @@ class Subscription:
     sid: bytes
     client: Any
     callback: Optional[Callable[..., Any]]
+    owner: Any
     max_msgs: int
     nmsgs: int
     qweight: int
     closed: bool
     def __init__(self, subject: bytes, queue: Optional[bytes] = ..., sid: bytes = ...,
                  client: Any = ..., callback: Optional[Callable[..., Any]] = ...,
-                 max_msgs: int = ..., qweight: int = ...) -> None: ...
+                 max_msgs: int = ..., qweight: int = ..., owner: Any = ...) -> None: ...
 
 
 class SublistResult:

@@ -29,12 +29,13 @@ cdef class Subscription:
     """One interest: a client's SUB, a route's RS+ or an internal subscriber."""
 
     def __init__(self, bytes subject, bytes queue=None, bytes sid=b"", client=None,
-                 callback=None, long long max_msgs=0, int qweight=1):
+                 callback=None, long long max_msgs=0, int qweight=1, owner=None):
         self.subject = subject
         self.queue = queue if queue else None
         self.sid = sid
         self.client = client
         self.callback = callback
+        self.owner = owner
         self.max_msgs = max_msgs
         self.nmsgs = 0
         self.qweight = qweight
