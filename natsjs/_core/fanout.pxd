@@ -3,6 +3,14 @@ from natsjs._core.parser cimport ProtoParser
 from natsjs._core.sublist cimport Sublist, SublistResult, Subscription
 
 
+cdef class Sink:
+    # An internal subscriber in C: Conn.deliver hands it the message's bytes in place
+    # (no Python objects) when a subscription's callback is a Sink.
+    cdef int absorb(self, Conn producer, const unsigned char* subj, Py_ssize_t slen,
+                    const unsigned char* reply, Py_ssize_t rlen, const unsigned char* msg,
+                    Py_ssize_t hdr, Py_ssize_t size) except -1
+
+
 cdef class Conn(ProtoParser):
     cdef public bytearray out          # outbound bytes not yet written to the socket
     cdef public Py_ssize_t max_pending

@@ -111,6 +111,18 @@ cdef inline char* reserve(bytearray out, Py_ssize_t extra) except NULL:
     return PyByteArray_AS_STRING(out) + old
 
 
+cdef class Sink:
+    """An internal subscriber implemented in C (JetStream's stream capture,
+    natsjs/_core/jsingest.pyx): a subscription whose ``callback`` is a Sink gets
+    ``absorb`` with pointers into the publisher's read buffer instead of a Python call
+    with fresh bytes objects.  ``absorb`` must copy what it keeps."""
+
+    cdef int absorb(self, Conn producer, const unsigned char* subj, Py_ssize_t slen,
+                    const unsigned char* reply, Py_ssize_t rlen, const unsigned char* msg,
+                    Py_ssize_t hdr, Py_ssize_t size) except -1:
+        raise NotImplementedError
+
+
 cdef class Conn(ProtoParser):
     """A connection's parser plus its outbound buffer; subclasses write frames."""
 
@@ -153,6 +165,11 @@ cdef class Conn(ProtoParser):
             return 0
         if sub.callback is not None:
             sub.nmsgs += 1
+            if isinstance(sub.callback, Sink) and self.dsubj == NULL:
+                (<Sink>sub.callback).absorb(self, subj, slen, self.pa.reply,
+                                            self.pa.reply_len if self.pa.reply != NULL else -1,
+                                            msg, self.pa.hdr, self.pa.size)
+                return 1
             subject = PyBytes_FromStringAndSize(<const char*>subj, slen)
             reply = PyBytes_FromStringAndSize(<const char*>self.pa.reply, self.pa.reply_len) \
                 if self.pa.reply != NULL else None
@@ -389,8 +406,6 @@ cdef class ClientCore(Conn):
         on the other side can do the same (server/client.go processMsgResults)."""
         self.dsubj = <const unsigned char*>PyBytes_AS_STRING(shown)
         self.dsubj_len = PyBytes_GET_SIZE(shown)
-        if reply is not None:
-            self.route_reply = reply + b"@" + shown
         try:
             self.publish(subject, reply, hdr, msg)
         finally:
@@ -426,7 +441,12 @@ cdef class ClientCore(Conn):
         cdef bytes acc = self.account_name
         cdef const unsigned char* reply = self.pa.reply
         cdef Py_ssize_t rlen = self.pa.reply_len if self.pa.reply != NULL else -1
-        if self.route_reply is not None:
+        if self.dsubj != NULL and self.pa.reply != NULL:
+            # A JetStream delivery: the other server shows the stored subject, which
+            # rides after the reply (server/client.go: reply@subject).
+            self.route_reply = PyBytes_FromStringAndSize(<const char*>self.pa.reply,
+                                                         self.pa.reply_len) + b"@" + \
+                PyBytes_FromStringAndSize(<const char*>self.dsubj, self.dsubj_len)
             reply = <const unsigned char*>PyBytes_AS_STRING(self.route_reply)
             rlen = PyBytes_GET_SIZE(self.route_reply)
         for i in range(len(self.rtargets)):

@@ -133,6 +133,11 @@ cdef class _Log:
     cdef bint dir_dirty
     cdef uint8_t* scratch
     cdef size_t scratch_cap
+    # Read-ahead: scratch holds [win_off, win_off + win_len) of win_block's file, so a
+    # consumer reading forward does one pread per window, not one per message.
+    cdef object win_block
+    cdef uint64_t win_off
+    cdef size_t win_len
     cdef bint closed
     cdef readonly dict recovery
 
@@ -176,6 +181,7 @@ cdef class _Log:
     cdef const uint8_t* read(self, Block b, uint64_t off, uint32_t rlen) except NULL
     cdef const uint8_t* read_file(self, Block b, uint64_t off, uint32_t rlen) except NULL
     cdef object record_tuple(self, uint64_t seq, bint with_seq)
+    cdef const uint8_t* record_ptr(self, uint64_t seq, uint32_t* rlen) except *
     cdef lose(self, uint64_t seq, Block b, uint64_t off, str reason)
     cdef uint64_t count_range(self, uint64_t seq, uint64_t end, FilterC* f) except? 0
     cdef uint64_t remove_below(self, uint64_t seq) except? 0

@@ -59,6 +59,7 @@ from posix.unistd cimport pread, pwrite, fdatasync, fsync, close, dup
 from natsjs._core.s2 import encode_block, decode_block, S2Error
 
 cdef enum:
+    READ_AHEAD = 262144      # bytes one pread brings in for records read from a file
     MAGIC = 0xD5
     HDR = 32
     SUM = 8
@@ -503,6 +504,9 @@ cdef class _Log:
         self.htab = NULL
         self.arena = NULL
         self.scratch = NULL
+        self.win_block = None
+        self.win_off = 0
+        self.win_len = 0
         self.blocks = []
         self.blkv = []
         self.dirty = []
@@ -979,6 +983,8 @@ cdef class _Log:
 
     cdef int release_block(self, Block b) except -1:
         """The block's records are gone for good: clear slots that still point at it."""
+        if self.win_block is b:
+            self.win_block = None
         cdef uint64_t seq, lo, hi
         cdef Slot* s
         if b.first and self.nslots:
@@ -1249,6 +1255,21 @@ cdef class _Log:
         if with_seq:
             return (seq, subject, hdr, msg, <int64_t>ld64(p + 16))
         return (subject, hdr, msg, <int64_t>ld64(p + 16))
+
+    cdef const uint8_t* record_ptr(self, uint64_t seq, uint32_t* rlen) except *:
+        """A live message's record as stored (valid until the next read), checked
+        like record_tuple; NULL when it failed its checksum (and is now lost).
+        Layout: HDR bytes of header (subject length at 2, timestamp at 16, header
+        length at 24), then subject, headers and payload, then SUM bytes of checksum."""
+        cdef Slot* s = SL(self, seq)
+        cdef Block b = self.block_at(s.blk)
+        cdef const uint8_t* p = self.read(b, s.off, s.rlen)
+        if (p[0] != MAGIC or p[1] != K_MSG or ld64(p + 8) != seq or ld32(p + 4) != s.rlen
+                or (self.checksums and not sum_ok(p, s.rlen))):
+            self.lose(seq, b, s.off, "checksum mismatch on read")
+            return NULL
+        rlen[0] = s.rlen
+        return p
 
     cdef lose(self, uint64_t seq, Block b, uint64_t off, str reason):
         self.recovery.setdefault("corrupt", []).append(
@@ -1585,6 +1606,7 @@ cdef class _Log:
         cdef uint8_t body[8]
         cdef Block b
         self.check_open()
+        self.win_block = None
         if seq >= self.last:
             return 0
         # server/memstore.go Truncate: last_ts becomes the kept last message's, if live.
@@ -1645,6 +1667,7 @@ cdef class _Log:
 
     cdef int rewrite_block(self, Block b) except -1:
         """Rewrite a sealed block without its dead records."""
+        self.win_block = None
         cdef bytes content = self.block_content(b)
         cdef const uint8_t* d = <const uint8_t*>PyBytes_AS_STRING(content)
         cdef size_t n = len(content), p = 0, rlen
@@ -2111,7 +2134,7 @@ cdef class FileLog(_Log):
 
     cdef const uint8_t* read_file(self, Block b, uint64_t off, uint32_t rlen) except NULL:
         cdef ssize_t r
-        cdef size_t got = 0
+        cdef size_t got = 0, want
         cdef void* np
         if b.compressed:
             if self.cached is not b or b.cache is None:
@@ -2125,15 +2148,23 @@ cdef class FileLog(_Log):
                 b.cache = content
                 self.cached = b
             return <const uint8_t*>PyBytes_AS_STRING(b.cache) + off
-        if self.scratch_cap < rlen:
-            np = realloc(self.scratch, rlen)
+        if self.win_block is b and off >= self.win_off and \
+                off + rlen <= self.win_off + self.win_len:
+            return self.scratch + (off - self.win_off)
+        # Read ahead up to READ_AHEAD (what the OS has of the file: b.flushed bytes).
+        want = rlen
+        if b.flushed > off + rlen:
+            want = min(max(<uint64_t>rlen, <uint64_t>READ_AHEAD), b.flushed - off)
+        if self.scratch_cap < want:
+            np = realloc(self.scratch, want)
             if np == NULL:
                 raise MemoryError()
             self.scratch = <uint8_t*>np
-            self.scratch_cap = rlen
+            self.scratch_cap = want
+        self.win_block = None
         self.ensure_fd(b)
         while got < rlen:
-            r = pread(b.fd, self.scratch + got, rlen - got, off + got)
+            r = pread(b.fd, self.scratch + got, want - got, off + got)
             if r < 0:
                 if errno == EINTR:
                     continue
@@ -2141,10 +2172,14 @@ cdef class FileLog(_Log):
             if r == 0:
                 raise OSError(EIO, f"short read in block {b.index}")
             got += r
+        self.win_block = b
+        self.win_off = off
+        self.win_len = got
         return self.scratch
 
     cdef int write_at(self, Block b, bytes data, uint64_t off) except -1:
         cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(data)
+        self.win_block = None
         cdef size_t n = len(data), done = 0
         cdef ssize_t r
         self.ensure_fd(b)

@@ -27,6 +27,7 @@ import string
 
 import trio
 
+from natsjs._core.jsdeliver import deliver_run
 from natsjs.jetstream import headers as H
 from natsjs.jetstream.consumercfg import config_json, filters_of, is_durable, with_dynamic_metadata
 from natsjs.jetstream.errors import ApiError
@@ -417,6 +418,8 @@ class Consumer:
         pub = self.js.publisher(acc)
         self._now = now_ns()
         try:
+            if self._fast_ok():
+                delivered = self._deliver_fast(pub)
             while delivered < DELIVER_BURST:
                 if not self.push and not self.waiting:
                     break
@@ -456,6 +459,112 @@ class Consumer:
         if delivered:
             self._last_hb = trio.current_time()
         return delivered
+
+    # ---- the fast path: first deliveries straight from the log (natsjs/_core/jsdeliver) ---
+
+    def _fast_ok(self) -> bool:
+        """Can the next deliveries go through jsdeliver.deliver_run?  Only the plain case:
+        first deliveries in order, one filter at most, nothing to pace or rewrite."""
+        return (not self.rdq and self._lss is None and self._held is None
+                and self.pacer is None and not self.st.acked_ahead
+                and not self.cfg["headers_only"] and len(self._bfilters) <= 1
+                and not (self.push and self.cfg["flow_control"])
+                and not (self.ack_none and self.stream.cfg["retention"] != "limits"))
+
+    def _deliver_fast(self, pub) -> int:
+        st = self.st
+        stream = self.stream
+        limit = min(stream.synced_seq, stream.store.last_seq)
+        filt = self._bfilters[0] if self._bfilters else None
+        ack_prefix = b"$JS.ACK.%s.%s." % (stream.name.encode(), self.name.encode())
+        core = pub.core
+        total = 0
+        out: list = []
+        while total < DELIVER_BURST and st.sseq <= limit:
+            room = DELIVER_BURST - total
+            if not self.ack_none and self.cfg["max_ack_pending"] > 0:
+                room = min(room, self.cfg["max_ack_pending"] - len(st.pending))
+                if room <= 0:
+                    break
+            if self.push:
+                wr = None
+                route = self.cfg["deliver_subject"].encode()
+                max_bytes = 0
+            else:
+                wr = self._first_waiting()
+                if wr is None:
+                    break
+                route = wr.reply
+                room = min(room, wr.n)
+                max_bytes = wr.b
+            pending = self.num_pending()
+            del out[:]
+            nxt, n, sent, stopped = deliver_run(
+                stream.store, core, route, ack_prefix, st.sseq, limit, filt, st.dseq,
+                pending, room, max_bytes, out)
+            st.sseq = nxt
+            if n:
+                self._after_fast(out, n, pending)
+                total += n
+            if wr is not None:
+                wr.n -= n
+                wr.d += n
+                if max_bytes:
+                    wr.b -= sent
+                if stopped:
+                    # The next message does not fit the request's max_bytes.
+                    self.waiting.popleft()
+                    self._status(wr.reply, 409, "Message Size Exceeds MaxBytes",
+                                 [(H.PENDING_MESSAGES, wr.n), (H.PENDING_BYTES, wr.b)])
+                elif wr.n <= 0:
+                    self.waiting.popleft()
+                    if wr.max_bytes_set and wr.b > 0:
+                        h = H.make(409, "Batch Completed", [(H.PENDING_MESSAGES, b"0"),
+                                                           (H.PENDING_BYTES, b"%d" % wr.b)])
+                        pub(wr.reply, None, h, len(h))
+                elif wr.hb:
+                    wr.hbt = trio.current_time() + wr.hb
+            if n == 0 and not stopped:
+                break
+        return total
+
+    def _after_fast(self, out: list, n: int, pending: int) -> None:
+        st = self.st
+        first_dseq = st.dseq
+        st.dseq += n
+        if self._npc is not None:
+            self._npc = max(pending - n, 0)
+        self._ldt = self._now
+        self._state_changed = True
+        if self.ack_none:
+            st.adflr, st.asflr = st.dseq - 1, out[-1][0]
+            return
+        now = self._now
+        pend = st.pending
+        dseq = first_dseq
+        for seq, _, _ in out:
+            pend[seq] = [dseq, now]
+            dseq += 1
+
+    def _first_waiting(self) -> PullRequest | None:
+        """The pull request the next message goes to, after dropping expired ones and
+        those whose requester went away (the checks _next_waiting does per message)."""
+        now = trio.current_time()
+        acc = self.stream.jsa.account
+        while self.waiting:
+            wr = self.waiting[0]
+            if wr.expires and now >= wr.expires:
+                self.waiting.popleft()
+                self._status(wr.reply, 408, "Request Timeout",
+                             [(H.PENDING_MESSAGES, wr.n), (H.PENDING_BYTES, wr.b)])
+                continue
+            if not wr.seen:
+                if not acc.sublist.match(wr.reply):
+                    self.waiting.popleft()
+                    continue
+                wr.seen = True
+            return wr
+        return None
 
     def _next_msg(self):
         """server/consumer.go getNextMsg: redeliveries first, then new messages."""

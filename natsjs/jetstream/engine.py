@@ -25,6 +25,7 @@ from natsjs.jetstream.config import DEFAULT_MAX_CONSUMERS, AccountJSLimits, JetS
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, rfc3339_nano
 from natsjs.jetstream.streamcfg import API_LEVEL
+from natsjs._core.fanout import Sink
 from natsjs._core.sublist import Subscription
 
 STREAMS_DIR = "streams"
@@ -384,7 +385,9 @@ class JetStream:
     def subscribe(self, account, subject: bytes, callback, queue: bytes | None = None):
         """An internal subscription of JetStream's in ``account`` (interest is
         propagated to routes like a client's)."""
-        sub = Subscription(subject, queue, b"", None, self._guard(callback, subject))
+        if not isinstance(callback, Sink):
+            callback = self._guard(callback, subject)
+        sub = Subscription(subject, queue, b"", None, callback)
         account.sublist.insert(sub)
         self.server.route_interest(account, [sub], 1)
         return sub

@@ -27,6 +27,7 @@ import shutil
 
 import trio
 
+from natsjs._core.jsingest import StreamSink
 from natsjs.jetstream import headers as H
 from natsjs.jetstream import sourcing
 from natsjs.jetstream.errors import ApiError
@@ -88,7 +89,12 @@ class Stream:
         self._expire_idle = False
         self._budget = 0
         self._batch_ts = 0
-        self._plain = self._plain_config()
+        # Plain messages go from the fan-out straight into the log (jsingest.pyx).
+        self._sink = StreamSink(store, self._capture, self._commit_wake.unpark,
+                                cfg["storage"] == "file")
+        self._sink.replies = self._unsynced
+        self._sink.inbox = self._inbox
+        self._set_plain()
         # Duplicate window: msg id -> (seq, ts), oldest first.
         self._ddmap: dict[str, tuple[int, int]] = {}
         self._ddq: collections.deque = collections.deque()
@@ -163,7 +169,7 @@ class Stream:
         acc = self.jsa.account
         if self.cfg["mirror"] is None:
             for subj in self.cfg["subjects"] or []:
-                self._subs.append(self.js.subscribe(acc, subj.encode(), self._capture))
+                self._subs.append(self.js.subscribe(acc, subj.encode(), self._sink))
         self._update_direct()
 
     def _update_direct(self) -> None:
@@ -192,6 +198,7 @@ class Stream:
         if self.closed:
             return
         self.closed = True
+        self._sink.plain = False
         self._unsubscribe()
         if self.sourcing is not None:
             self.sourcing.stop()
@@ -276,7 +283,7 @@ class Stream:
                 await self._wake.park()
                 continue
             batch = self._inbox
-            self._inbox = []
+            self._inbox = self._sink.inbox = []
             self._inbox_bytes = 0
             self._budget = self.jsa.storage_budget(self)
             self._batch_ts = now_ns()
@@ -302,13 +309,15 @@ class Stream:
 
     async def _commit_loop(self) -> None:
         store = self.store
+        sink = self._sink
+        sink.budget = self.jsa.storage_budget(self)
         while True:
-            if not self._dirty:
+            if not self._dirty and not sink.dirty:
                 await self._commit_wake.park()
                 continue
-            self._dirty = False
+            self._dirty = sink.dirty = False
             replies = self._unsynced
-            self._unsynced = []
+            self._unsynced = sink.replies = []
             # One fsync for everything appended so far (free when nothing is new).
             if not await self._sync():
                 # Whatever was not durable is gone from the store again, including what
@@ -316,8 +325,9 @@ class Stream:
                 err = self._error_reply(ApiError.of(
                     "JSStreamStoreFailedF", err=self.write_error or "write failed"))
                 replies = [(r, err) for r, _ in replies + self._unsynced]
-                self._unsynced = []
+                self._unsynced = sink.replies = []
             self._send_replies(replies)
+            sink.budget = self.jsa.storage_budget(self)
             self._signal_consumers()
             if self._expire_idle and self.cfg["max_age"] and store.msgs:
                 self._expire_idle = False
@@ -376,8 +386,11 @@ class Stream:
         if not replies:
             return
         pub = self.js.publisher(self.jsa.account)
+        prefix = self._pub_ack_prefix
         try:
             for reply, out in replies:
+                if out.__class__ is int:        # a sequence from the C capture
+                    out = prefix + b"%d}" % out
                 pub(reply, None, out)
         finally:
             pub.done()
@@ -412,6 +425,11 @@ class Stream:
         origin's sequence (a mirror keeps them; what the origin no longer has is a gap)."""
         return self._process(subject, hdr, msg, ts, True, mirror_seq)
 
+    def _set_plain(self) -> None:
+        self._plain = self._plain_config()
+        self._sink.plain = self._plain and not self.closed
+        self._sink.no_ack = self.cfg["no_ack"]
+
     def _plain_config(self) -> bool:
         """True when a message without headers needs nothing but an append: no limits,
         no seal, no interest tracking, no republish, no subject transform (the common
@@ -424,6 +442,11 @@ class Stream:
 
     def _process(self, subject: bytes, hdr: bytes | None, msg: bytes, ts: int,
                  sourced: bool = False, mirror_seq: int = 0):
+        if self._sink.captured:
+            # The C capture appended plain messages since: they are the last ones.
+            self._sink.captured = 0
+            self.lseq = self.store.last_seq
+            self.lmsgid = ""
         if hdr is None and self._plain and not mirror_seq:
             # The fast path: the checks below would all pass.
             size = self.msg_size(subject, None, msg)
@@ -1045,7 +1068,7 @@ class Stream:
         """Apply an accepted update (the checks were done by the API)."""
         old = self.cfg
         self.cfg = cfg
-        self._plain = self._plain_config()
+        self._set_plain()
         if old["subjects"] != cfg["subjects"]:
             acc = self.jsa.account
             for sub in self._subs:
@@ -1053,7 +1076,7 @@ class Stream:
             self._subs = []
             if cfg["mirror"] is None:
                 for subj in cfg["subjects"] or []:
-                    self._subs.append(self.js.subscribe(acc, subj.encode(), self._capture))
+                    self._subs.append(self.js.subscribe(acc, subj.encode(), self._sink))
         self._make_transforms()
         self._make_markers()
         self._update_direct()
