@@ -22,6 +22,9 @@ class Topology:
     nodes: int = 1
     cluster: bool = False
     jetstream: bool = False
+    # The reference's JetStream sync_interval ("always" for its fsync-per-write mode);
+    # empty: its default (lazy, 2 min).  natsjs always syncs before acknowledging.
+    reference_sync: str = ""
 
 
 @dataclass(frozen=True)

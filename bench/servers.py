@@ -107,8 +107,9 @@ class NodePlan:
         return f"nats://{HOST}:{self.port}"
 
 
-def plan(topology: Topology, store_dir: Path) -> list[NodePlan]:
-    """nats-server style flags for every node of ``topology`` on fresh ports."""
+def plan(topology: Topology, store_dir: Path, reference: bool = False) -> list[NodePlan]:
+    """nats-server style flags for every node of ``topology`` on fresh ports (for the
+    reference with ``reference_sync``, its JetStream block comes from a config file)."""
     n = topology.nodes
     ports = free_ports(3 * n)
     client, cluster, http = ports[:n], ports[n:2 * n], ports[2 * n:]
@@ -124,7 +125,13 @@ def plan(topology: Topology, store_dir: Path) -> list[NodePlan]:
         if topology.jetstream:
             sd = store_dir / f"node{i}"
             sd.mkdir(parents=True, exist_ok=True)
-            args += ["-js", "-sd", str(sd)]
+            if reference and topology.reference_sync:
+                conf = store_dir / f"node{i}.conf"
+                conf.write_text("jetstream { store_dir: %s, sync_interval: %s }\n"
+                                % (json.dumps(str(sd)), topology.reference_sync))
+                args += ["-c", str(conf)]
+            else:
+                args += ["-js", "-sd", str(sd)]
         nodes.append(NodePlan(i, client[i], cluster[i] if topology.cluster else None,
                               http[i], tuple(args)))
     return nodes
@@ -217,7 +224,7 @@ def running(kind: ServerKind, topology: Topology, work_dir: Path, log_prefix: Pa
     """Start ``topology`` of ``kind``; logs go to ``<log_prefix>-node<i>.log``.
     ``stop_signal``/``stop_grace``: how the processes are asked to exit before SIGKILL
     (a profiler wrapping the server wants SIGINT and time to write its output)."""
-    nodes = plan(topology, work_dir / "store")
+    nodes = plan(topology, work_dir / "store", reference=kind.label == REFERENCE)
     procs: list[subprocess.Popen] = []
     log_prefix.parent.mkdir(parents=True, exist_ok=True)
     try:

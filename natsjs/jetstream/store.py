@@ -21,11 +21,7 @@ import struct
 
 import trio
 
-try:  # the Cython log; the pure-Python one stands in until it is built
-    from natsjs._core.filelog import FileLog, MemLog
-except ImportError:  # pragma: no cover
-    FileLog = None
-    MemLog = None
+from natsjs._core.filelog import FileLog, MemLog
 
 META = "meta.json"
 MSGS = "msgs"
@@ -66,13 +62,7 @@ def open_message_log(path: str | None, cfg: dict):
     """The message store of a stream: a FileLog in ``path`` or a MemLog."""
     first = cfg.get("first_seq") or 1
     if cfg["storage"] == "memory" or path is None:
-        if MemLog is not None:
-            return MemLog(first)
-        from natsjs.jetstream._pylog import PyLog
-        return PyLog(first)
-    if FileLog is None:  # pragma: no cover - only before the Cython log is built
-        from natsjs.jetstream._pylog import PyLog
-        return PyLog(first)
+        return MemLog(first)
     os.makedirs(path, exist_ok=True)
     return FileLog(path, compression=cfg.get("compression") or "none", first_seq=first)
 
@@ -190,7 +180,7 @@ class FileConsumerStore:
         return st
 
     def record(self, op: int, a: int, b: int) -> None:
-        self.log.append(b"", None, _OP.pack(op, a, b), 0)
+        self.log.append(b"o", None, _OP.pack(op, a, b), 0)
         self._since += 1
         self._appended = True
 
