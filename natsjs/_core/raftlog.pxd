@@ -5,8 +5,6 @@ from libc.stdint cimport uint8_t, uint64_t
 cdef enum:
     _MAX_VOTERS = 64
 
-cdef uint64_t xxh64_raw(const uint8_t* p, size_t n, uint64_t seed) noexcept nogil
-
 
 cdef class Message:
     cdef public int type          # MSG_*

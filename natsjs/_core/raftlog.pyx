@@ -34,6 +34,8 @@ from libc.string cimport memcpy
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 
+from natsjs._core.filelog cimport xxh64_c
+
 # Entry types.
 ENTRY_NORMAL = 0   # application data
 ENTRY_NOOP = 1     # a new leader's first entry: commits what earlier terms left behind
@@ -62,24 +64,12 @@ cdef enum:
     _MSG_HDR = 44
     _MAX_TYPE = 7
 
-cdef uint64_t _P1 = 11400714785074694791ULL
-cdef uint64_t _P2 = 14029467366897019727ULL
-cdef uint64_t _P3 = 1609587929392839161ULL
-cdef uint64_t _P4 = 9650029242287828579ULL
-cdef uint64_t _P5 = 2870177450012600261ULL
-
 
 class RaftCodecError(ValueError):
     """A Raft entry or message that is truncated, oversized or fails its checksum."""
 
 
-# ---- XXH64 ----------------------------------------------------------------------------
-# The algorithm as published in the xxHash specification (doc/xxhash_spec.md); the unit
-# tests compare it with the xxhash package byte for byte.
-
-cdef inline uint64_t _rotl(uint64_t x, int r) noexcept nogil:
-    return (x << r) | (x >> (64 - r))
-
+# ---- little-endian fields and the checksum ----------------------------------------------
 
 cdef inline uint64_t _rd64(const uint8_t* p) noexcept nogil:
     return (<uint64_t>p[0] | (<uint64_t>p[1] << 8) | (<uint64_t>p[2] << 16) |
@@ -114,73 +104,21 @@ cdef inline void _wr16(uint8_t* p, uint16_t v) noexcept nogil:
     p[1] = <uint8_t>(v >> 8)
 
 
-cdef inline uint64_t _round(uint64_t acc, uint64_t lane) noexcept nogil:
-    acc += lane * _P2
-    acc = _rotl(acc, 31)
-    return acc * _P1
-
-
-cdef inline uint64_t _merge(uint64_t acc, uint64_t v) noexcept nogil:
-    acc ^= _round(0, v)
-    return acc * _P1 + _P4
-
-
-cdef uint64_t xxh64_raw(const uint8_t* p, size_t n, uint64_t seed) noexcept nogil:
-    cdef const uint8_t* end = p + n
-    cdef uint64_t v1, v2, v3, v4, h
-    if n >= 32:
-        v1 = seed + _P1 + _P2
-        v2 = seed + _P2
-        v3 = seed
-        v4 = seed - _P1
-        while p + 32 <= end:
-            v1 = _round(v1, _rd64(p))
-            v2 = _round(v2, _rd64(p + 8))
-            v3 = _round(v3, _rd64(p + 16))
-            v4 = _round(v4, _rd64(p + 24))
-            p += 32
-        h = _rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)
-        h = _merge(h, v1)
-        h = _merge(h, v2)
-        h = _merge(h, v3)
-        h = _merge(h, v4)
-    else:
-        h = seed + _P5
-    h += <uint64_t>n
-    while p + 8 <= end:
-        h ^= _round(0, _rd64(p))
-        h = _rotl(h, 27) * _P1 + _P4
-        p += 8
-    if p + 4 <= end:
-        h ^= <uint64_t>_rd32(p) * _P1
-        h = _rotl(h, 23) * _P2 + _P3
-        p += 4
-    while p < end:
-        h ^= <uint64_t>p[0] * _P5
-        h = _rotl(h, 11) * _P1
-        p += 1
-    h ^= h >> 33
-    h *= _P2
-    h ^= h >> 29
-    h *= _P3
-    h ^= h >> 32
-    return h
-
-
 def xxh64(data, uint64_t seed=0):
     """XXH64 of a bytes-like object (the checksum the entry and message formats use)."""
     cdef Py_buffer view
     cdef uint64_t h
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
-        h = xxh64_raw(<const uint8_t*>view.buf, <size_t>view.len, seed)
+        h = xxh64_c(<const uint8_t*>view.buf, <size_t>view.len, seed)
     finally:
         PyBuffer_Release(&view)
     return h
 
 
 cdef inline uint32_t _check(const uint8_t* p, size_t n) noexcept nogil:
-    return <uint32_t>(xxh64_raw(p, n, 0) & 0xFFFFFFFFULL)
+    # the file log's XXH64, so the project has one implementation of it
+    return <uint32_t>(xxh64_c(p, n, 0) & 0xFFFFFFFFULL)
 
 
 # ---- entries --------------------------------------------------------------------------
