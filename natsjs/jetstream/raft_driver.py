@@ -298,10 +298,11 @@ class RaftStorage:
     def finish_sync(self, s) -> int:
         """The index the node may now call persisted: the sync's end, lowered to any
         truncation that happened while it ran (those entries are not the ones synced)."""
-        self.log.mark_synced(s)
+        ok = self.log.mark_synced(s)
         persisted = self._clamp
         self._clamp = None
-        return persisted
+        # a failed fdatasync proves nothing: the log rewrites and syncs it next time
+        return persisted if ok else 0
 
     def close(self) -> None:
         self.log.close()

@@ -96,6 +96,7 @@ class SimLog:
     def mark_synced(self, s):
         self._flush(s.pos)
         self.synced_seq = s.seq
+        return True
 
     def _flush(self, n):
         recs, first, last = self._durable
