@@ -113,6 +113,7 @@ def test_three_services_replicate_restart_and_catch_up(tmp_path):
             await wait_for(lambda: leader_of(members) is not None)
             lead = leader_of(members)
             others = [m for m in members if m is not lead]
+            await wait_for(lambda: all(m.svc.leader == lead.id for m in members))
             try:
                 others[0].svc.propose(b"x")
                 raise AssertionError("a follower took a proposal")

@@ -237,7 +237,8 @@ class RaftNode:
         self._last_leader_contact = -1e18
         self._election_deadline = 0.0
         self._votes: dict[str, bool] = {}
-        self._recv = None                    # [index, next offset] of a snapshot coming in
+        self._recv = None                    # [index, next offset, term] of a snapshot
+                                             # coming in
         self._progress: dict[str, Progress] = {}
         self._match: MatchIndex | None = None
         self._leader_since = 0.0
@@ -305,8 +306,11 @@ class RaftNode:
             else:
                 self._reset_election_timer()
 
-    def step(self, data) -> None:
-        """Feed one message received from a peer (bytes, or a decoded Message)."""
+    def step(self, data, now: float | None = None) -> None:
+        """Feed one message received from a peer (bytes, or a decoded Message); ``now``
+        moves the clock first, without running the timers ``tick`` runs."""
+        if now is not None:
+            self.now = now
         if isinstance(data, Message):
             m = data
         else:
@@ -770,11 +774,13 @@ class RaftNode:
             self._ack_leader(True)
             return
         offset = m.hint
-        if self._recv is None or self._recv[0] != index:
+        if self._recv is None or self._recv[0] != index or self._recv[2] != m.term:
+            # Chunks of one snapshot come from one leader: another leader's file for the
+            # same index need not be byte-identical, so a new sender starts over.
             if offset != 0:
                 self._send_snapshot_resp(index, 0)
                 return
-            self._recv = [index, 0]
+            self._recv = [index, 0, m.term]
         if offset != self._recv[1]:
             self._send_snapshot_resp(index, self._recv[1])
             return

@@ -471,7 +471,7 @@ class RaftService:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._recv_loop, inbox)
-                nursery.start_soon(self._tick_loop)
+                nursery.start_soon(self._tick_loop, inbox)
                 nursery.start_soon(self._sync_loop)
                 nursery.start_soon(self._flush_loop)
                 task_status.started()
@@ -483,21 +483,31 @@ class RaftService:
         node = self.node
         async for data in inbox:
             async with self._lock:
-                node.tick(trio.current_time())
-                node.step(data)
-                for _ in range(1024):   # take what else is queued: one ready for all
-                    try:
-                        data = inbox.receive_nowait()
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                    node.step(data)
+                now = trio.current_time()
+                node.step(data, now)
+                self._take_queued(inbox, now)
+                node.tick(now)
                 await self._drive()
 
-    async def _tick_loop(self) -> None:
+    def _take_queued(self, inbox, now: float) -> None:
+        # Everything already queued goes in before the next ready: one append-entries per
+        # peer for all of it, and no election timeout fires while a leader's messages wait
+        # in our own inbox.
+        step = self.node.step
+        for _ in range(4096):
+            try:
+                data = inbox.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return
+            step(data, now)
+
+    async def _tick_loop(self, inbox) -> None:
         while True:
             await trio.sleep(self.tick_interval)
             async with self._lock:
-                self.node.tick(trio.current_time())
+                now = trio.current_time()
+                self._take_queued(inbox, now)
+                self.node.tick(now)
                 await self._drive()
 
     async def _flush_loop(self) -> None:
