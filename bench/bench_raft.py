@@ -132,5 +132,60 @@ def test_three_services_on_filelog(benchmark):
     benchmark.extra_info["entries/s"] = round(N / (sum(times) / len(times)))
 
 
+def test_failover_under_load(benchmark):
+    """Kill the leader of three RaftServices while it takes proposals; time until the
+    first proposal on the new leader is applied there (issue 10: within 1.5 s)."""
+    benchmark.group = "raft service"
+
+    async def main():
+        with tempfile.TemporaryDirectory() as root:
+            net = LocalNetwork()
+            svcs, scopes = {}, {}
+            async with trio.open_nursery() as nursery:
+                for p in ("a", "b", "c"):
+                    log = FileLog("%s/%s/log" % (root, p))
+                    transport, inbox = net.attach(p)
+                    svc = RaftService(p, RaftStorage(log, DirFiles("%s/%s" % (root, p))),
+                                      transport, _Count(), peers=("a", "b", "c"), seed=p)
+                    scopes[p] = trio.CancelScope()
+
+                    async def run(svc=svc, inbox=inbox, scope=scopes[p], task_status=None):
+                        with scope:
+                            await svc.run(inbox, task_status=task_status)
+
+                    await nursery.start(run)
+                    svcs[p] = svc
+                while not any(s.is_leader() for s in svcs.values()):
+                    await trio.sleep(0.01)
+                lead = [s for s in svcs.values() if s.is_leader()][0]
+                last = 0
+                for i in range(5000):                  # load, then kill mid-stream
+                    last = lead.propose(PAYLOAD)
+                    if i % 200 == 199:
+                        await lead.wait_applied(last - 2000)
+                net.detach(lead.id)
+                scopes[lead.id].cancel()
+                killed = trio.current_time()
+                while True:
+                    new = [s for s in svcs.values() if s is not lead and s.is_leader()]
+                    if new:
+                        try:
+                            await new[0].wait_applied(new[0].propose(PAYLOAD))
+                            break
+                        except Exception:
+                            pass
+                    await trio.sleep(0.002)
+                took = trio.current_time() - killed
+                nursery.cancel_scope.cancel()
+            for s in svcs.values():
+                s.storage.close()
+            return took
+
+    times = []
+    benchmark.pedantic(lambda: times.append(trio.run(main)), rounds=5)
+    benchmark.extra_info["failover_s_max"] = round(max(times), 3)
+    benchmark.extra_info["failover_s_mean"] = round(sum(times) / len(times), 3)
+
+
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__, "-o", "python_files=bench_*.py", "-q"])
