@@ -16,8 +16,9 @@ What it checks (``Checker``):
   exactly once per process lifetime (a restored snapshot must be a prefix of history);
 * durability: an entry acknowledged to a client is never lost, even when every node
   crashes at once: it stays at its index and every voter applies it in the end;
-* liveness: once the faults heal, a leader is elected and a new proposal commits within a
-  bounded simulated time, and every voter catches up.
+* liveness: once the faults heal, a leader is elected, a new proposal commits and every
+  voter catches up within ``liveness`` simulated seconds (3 s: about seven election
+  timeouts of the simulation's config; 600 ms is the worst seen over thousands of seeds).
 
 A violation raises ``Violation`` with the seed and a short event trail.
 """
@@ -414,7 +415,7 @@ class Sim:
 
     def __init__(self, seed, nodes=3, spares=1, duration=6.0, faults=True,
                  node_cls=RaftNode, config=None, fsync=(0.0005, 0.004), tick=0.01,
-                 crash_rate=1.0, liveness=15.0):
+                 crash_rate=1.0, liveness=3.0):
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -640,7 +641,7 @@ class Sim:
         self.at(healed + 0.01, self._workload, healed + self.liveness)
         deadline = healed + self.liveness
         while self.now < deadline:
-            self.run_until(self.now + 0.25)
+            self.run_until(self.now + 0.05)
             if self.live_ack is not None and self._caught_up():
                 break
         else:
@@ -651,7 +652,7 @@ class Sim:
         self._final_check()
         return {"seed": self.seed, "acked": len(self.checker.acked),
                 "applied": len(self.checker.history), "messages": self.net.sent,
-                "recover_time": self.live_ack - healed}
+                "recover_time": self.live_ack - healed, "caught_up": self.now - healed}
 
     def _caught_up(self):
         h = self.leader_host()
