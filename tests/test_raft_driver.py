@@ -195,3 +195,83 @@ def test_leader_step_down_hands_over_to_a_caught_up_peer(tmp_path):
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+# ---- RaftStorage on a real FileLog: reads and the recovery rules --------------------------
+
+def _storage(path, peers=PEERS):
+    s = RaftStorage(FileLog(str(path / "log")), DirFiles(str(path)))
+    s.recover(peers)
+    return s
+
+
+def _entries(first, terms):
+    from natsjs._core.raftlog import encode_entry
+    return [encode_entry(0, t, first + k, b"e%d" % (first + k)) for k, t in enumerate(terms)]
+
+
+def test_storage_reads_unsynced_entries_and_keeps_hard_state(tmp_path):
+    s = _storage(tmp_path)
+    entries = _entries(1, [1, 1, 2])
+    s.append(1, entries)
+    assert [s.entry(i) for i in (1, 2, 3)] == entries and s.entry(4) is None
+    s.save_hard_state(2, "b")
+    sync = s.begin_sync()
+    sync.run()
+    assert s.finish_sync(sync) == 3
+    s.close()
+    s = _storage(tmp_path, peers=())        # bootstrap voters come from the state file
+    assert (s.term, s.vote, s.peers, s.last_index) == (2, "b", PEERS, 3)
+    assert s.entry(3) == entries[2]
+    s.close()
+
+
+def test_storage_sync_reports_no_more_than_a_truncation_left(tmp_path):
+    from natsjs.jetstream.raft import OP_TRUNCATE
+    s = _storage(tmp_path)
+    s.append(1, _entries(1, [1] * 10))
+    sync = s.begin_sync()
+    s.apply_op((OP_TRUNCATE, 4))              # while that sync is in flight
+    s.append(5, _entries(5, [2, 2]))
+    sync.run()
+    assert s.finish_sync(sync) == 4           # 5 and 6 are new: not covered by it
+    s.close()
+
+
+def test_recovery_cuts_a_log_whose_terms_go_down(tmp_path):
+    s = _storage(tmp_path)
+    s.append(1, _entries(1, [1, 3, 3]) + _entries(4, [2, 4]))   # a stale remnant at 4
+    s.close()
+    s = _storage(tmp_path)
+    assert s.last_index == 3 and s.recovered_truncations == 1
+    s.close()
+
+
+def test_recovery_drops_a_log_that_does_not_continue_the_snapshot(tmp_path):
+    from natsjs.jetstream.raft import OP_SNAPSHOT_SAVE
+    s = _storage(tmp_path)
+    s.append(1, _entries(1, [1, 1, 1, 1]))
+    s.apply_op((OP_SNAPSHOT_SAVE, 3, 1, PEERS, b"state@3"))
+    assert s.log.first_seq == 4 and s.snapshot_bytes() == b"state@3"
+    s.close()
+    s = _storage(tmp_path)                    # log 4.. continues the snapshot at 3
+    assert (s.snapshot.index, s.log.first_seq, s.last_index) == (3, 4, 4)
+    # a snapshot whose term at its index differs from the log's: the log goes
+    s.files.write_json("snapshot.json", {"index": 4, "term": 9, "peers": list(PEERS),
+                                         "size": 7, "file": s._snap_file})
+    s.close()
+    s = _storage(tmp_path)
+    assert (s.snapshot.index, s.log.first_seq, s.last_index) == (4, 5, 4)
+    s.close()
+
+
+def test_recovery_stops_at_a_corrupt_entry(tmp_path):
+    s = _storage(tmp_path)
+    good = _entries(1, [1, 1])
+    s.append(1, good)
+    s.log.append(b"$NRG", None, b"\x00" * 30, 0, 3)    # not a valid entry
+    s.append(4, _entries(4, [1]))
+    s.close()
+    s = _storage(tmp_path)
+    assert s.last_index == 2 and s.entry(2) == good[1]
+    s.close()
