@@ -581,7 +581,7 @@ class Api:
         created = now_ns()
         if stream.path and not cfg["mem_storage"]:
             await self._save_consumer_meta(stream, name, cfg, created)
-            cstore = FileConsumerStore(os.path.join(stream.path, OBS, name))
+            cstore = FileConsumerStore(os.path.join(stream.path, OBS, name), self.js.fsync)
         else:
             cstore = MemConsumerStore()
         consumer = Consumer(stream, cfg, name, created, cstore)

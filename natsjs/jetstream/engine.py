@@ -222,6 +222,9 @@ class JetStream:
         self._nursery: trio.Nursery | None = None
         self.api = None
         self.started = 0
+        self._syncer = None
+        self._fsync_waiters: dict = {}
+        self._fsync_errors: dict = {}
 
     # ---- start-up -----------------------------------------------------------------------
 
@@ -296,10 +299,13 @@ class JetStream:
         self._check_store_dir()
         self._limits()
         self._banner()
+        from natsjs._core.syncer import Syncer
         from natsjs.jetstream.api import Api
         self.api = Api(self)
+        self._syncer = Syncer()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self._collect_fsyncs)
             for acc, limits in self.enabled_accounts():
                 jsa = JsAccount(self, acc, limits)
                 self.accounts[acc.name] = jsa
@@ -323,6 +329,8 @@ class JetStream:
         for jsa in self.accounts.values():
             for s in list(jsa.streams.values()):
                 s.stop()
+        if self._syncer is not None:
+            self._syncer.close()
         self.server.log.info("JetStream Shutdown")
 
     async def _recover_account(self, jsa: JsAccount) -> None:
@@ -333,6 +341,35 @@ class JetStream:
         await recovery.recover_streams(self, jsa, sdir)
 
     # ---- the pieces streams and consumers use ---------------------------------------------
+
+    async def fsync(self, sync) -> None:
+        """Make a store's Sync durable on the fsync thread (natsjs/_core/syncer.pyx);
+        OSError when the disk refused it."""
+        if sync.files == 0:
+            sync.run()          # nothing written: no system call, nothing to wait for
+            return
+        done = trio.Event()
+        self._fsync_waiters[id(sync)] = done
+        try:
+            self._syncer.submit(sync)
+        except BaseException:
+            del self._fsync_waiters[id(sync)]
+            raise
+        await done.wait()
+        err = self._fsync_errors.pop(id(sync), 0)
+        if err:
+            raise OSError(err, os.strerror(err))
+
+    async def _collect_fsyncs(self) -> None:
+        syncer = self._syncer
+        while True:
+            await trio.lowlevel.wait_readable(syncer.fd)
+            for s, err in syncer.collect():
+                if err:
+                    self._fsync_errors[id(s)] = err
+                ev = self._fsync_waiters.pop(id(s), None)
+                if ev is not None:
+                    ev.set()
 
     def spawn(self, fn, *args) -> None:
         self._nursery.start_soon(fn, *args)

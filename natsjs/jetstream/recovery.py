@@ -62,7 +62,7 @@ def _recover_consumers(js, jsa, stream, odir: str) -> None:
             continue
         cfg, created = got
         try:
-            cstore = FileConsumerStore(d)
+            cstore = FileConsumerStore(d, js.fsync)
             state = cstore.load()
         except (OSError, ValueError) as exc:
             log.warn("    Error recovering consumer state '%s > %s > %s': %s",

@@ -145,8 +145,9 @@ class FileConsumerStore:
     durable = True
     SNAPSHOT_EVERY = 10_000
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, fsync=None):
         self.path = path
+        self._fsync = fsync
         os.makedirs(path, exist_ok=True)
         self.snap_path = os.path.join(path, "snap.json")
         self.log = open_message_log(os.path.join(path, "state"), {"storage": "file"})
@@ -202,7 +203,10 @@ class FileConsumerStore:
             return
         self._appended = False
         s = self.log.begin_sync()
-        await trio.to_thread.run_sync(s.run)
+        if self._fsync is not None:
+            await self._fsync(s)
+        else:
+            await trio.to_thread.run_sync(s.run)
         self.log.mark_synced(s)
 
     def close(self) -> None:

@@ -77,6 +77,9 @@ class Stream:
         self._inbox: list = []
         self._inbox_bytes = 0
         self._wake = trio.lowlevel.ParkingLot()
+        self._commit_wake = trio.lowlevel.ParkingLot()
+        self._unsynced: list = []          # replies waiting for the next fsync
+        self._dirty = False
         self._scope = trio.CancelScope()
         self._expire_wake = trio.lowlevel.ParkingLot()
         self._expire_idle = False
@@ -115,6 +118,7 @@ class Stream:
         with self._scope:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._ingest_loop)
+                nursery.start_soon(self._commit_loop)
                 nursery.start_soon(self._expire_loop)
                 if self.is_file and not self.sync_always:
                     nursery.start_soon(self._lazy_sync_loop)
@@ -227,10 +231,16 @@ class Stream:
         if len(self._inbox) == 1:
             self._wake.unpark()
 
-    # ---- the ingest task: process a batch, fsync once, then acknowledge ------------------
+    # ---- ingest and commit: process batches, fsync in groups, then acknowledge ---------
+    #
+    # Two tasks.  The ingest task runs every queued message through ``process`` (which
+    # appends to the store's buffer) and leaves the replies with the commit task.  The
+    # commit task makes everything appended so far durable with one fsync and then
+    # sends the replies that fsync covers; messages that arrive meanwhile are processed
+    # at once and go with the next fsync.  So the disk and the CPU work at the same time,
+    # and no reply leaves before its message is on disk.
 
     async def _ingest_loop(self) -> None:
-        store = self.store
         while True:
             if not self._inbox:
                 await self._wake.park()
@@ -238,10 +248,9 @@ class Stream:
             batch = self._inbox
             self._inbox = []
             self._inbox_bytes = 0
-            before = store.last_seq
             self._budget = self.jsa.storage_budget(self)
             self._batch_ts = now_ns()
-            replies = []
+            replies = self._unsynced
             for subject, reply, hdr, msg in batch:
                 try:
                     out = self.process(subject, reply, hdr, msg)
@@ -251,37 +260,48 @@ class Stream:
                     out = self._error_reply(ApiError.of("JSStreamStoreFailedF", err=str(exc)))
                 if reply and out is not None:
                     replies.append((reply, out))
-            # One fsync for the whole batch (a store with nothing new makes it free).
-            if not await self._sync(before):
+            self._dirty = True
+            self._commit_wake.unpark()
+            await trio.lowlevel.checkpoint()
+
+    async def _commit_loop(self) -> None:
+        store = self.store
+        while True:
+            if not self._dirty:
+                await self._commit_wake.park()
+                continue
+            self._dirty = False
+            replies = self._unsynced
+            self._unsynced = []
+            # One fsync for everything appended so far (free when nothing is new).
+            if not await self._sync():
+                # Whatever was not durable is gone from the store again, including what
+                # was processed while this fsync ran: all of it is refused.
                 err = self._error_reply(ApiError.of(
                     "JSStreamStoreFailedF", err=self.write_error or "write failed"))
-                replies = [(r, err) for r, _ in replies]
+                replies = [(r, err) for r, _ in replies + self._unsynced]
+                self._unsynced = []
             self._send_replies(replies)
             self._signal_consumers()
             if self._expire_idle and self.cfg["max_age"] and store.msgs:
                 self._expire_idle = False
                 self._expire_wake.unpark()
 
-    async def _sync(self, before: int) -> bool:
-        """Make everything appended durable (one fsync for the batch); False on failure,
-        after which the batch's messages are gone from the store again."""
+    async def _sync(self) -> bool:
+        """Make everything appended durable; False on failure, after which what was
+        not yet durable is gone from the store again."""
         store = self.store
         if not self.is_file or not self.sync_always:
             self.synced_seq = store.last_seq
             return True
         try:
             s = store.begin_sync()
-            await trio.to_thread.run_sync(s.run)
+            await self.js.fsync(s)
         except OSError as exc:
             self.write_error = os.strerror(exc.errno) if exc.errno else str(exc)
             self.server.log.error("JetStream failed to store a msg on stream '%s > %s': %s",
                                   self.jsa.name, self.name, exc)
-            try:
-                store.truncate(max(before, self.synced_seq))
-            except Exception as exc2:   # pragma: no cover - the store is broken
-                self.server.log.error("JetStream could not roll back stream '%s > %s': %r",
-                                      self.jsa.name, self.name, exc2)
-            self.lseq = store.last_seq
+            self._roll_back(self.synced_seq)
             if exc.errno == errno.ENOSPC:
                 self.js.out_of_storage(self)
             return False
@@ -290,13 +310,25 @@ class Stream:
         self.write_error = None
         return True
 
+    def _roll_back(self, seq: int) -> None:
+        """Forget every message above ``seq`` (they never became durable)."""
+        try:
+            self.store.truncate(seq)
+        except Exception as exc:   # pragma: no cover - the store is broken
+            self.server.log.error("JetStream could not roll back stream '%s > %s': %r",
+                                  self.jsa.name, self.name, exc)
+        self.lseq = self.store.last_seq
+        for mid, (seq_, _) in list(self._ddmap.items()):
+            if seq_ > self.lseq:
+                del self._ddmap[mid]
+
     async def _lazy_sync_loop(self) -> None:
         """``sync_interval: <d>``: nats-server's behaviour, fsync in the background."""
         while True:
             await trio.sleep(self.js.sync_interval)
             try:
                 s = self.store.begin_sync()
-                await trio.to_thread.run_sync(s.run)
+                await self.js.fsync(s)
                 self.store.mark_synced(s)
             except OSError as exc:
                 self.server.log.error("JetStream background sync of '%s > %s' failed: %s",
