@@ -275,3 +275,33 @@ def test_recovery_stops_at_a_corrupt_entry(tmp_path):
     s = _storage(tmp_path)
     assert s.last_index == 2 and s.entry(2) == good[1]
     s.close()
+
+
+def test_a_refused_fsync_acknowledges_nothing_and_is_retried(tmp_path):
+    calls = []
+    fsm = ListFSM()
+
+    async def flaky_fsync(sync):
+        calls.append(sync.seq)
+        if len(calls) <= 2:
+            assert fsm.items == []        # nothing applied on the strength of it
+            raise OSError(5, "Input/output error")
+        await trio.to_thread.run_sync(sync.run)
+
+    async def main():
+        log = FileLog(str(tmp_path / "log"))
+        net = LocalNetwork()
+        transport, inbox = net.attach("a")
+        svc = RaftService("a", RaftStorage(log, DirFiles(str(tmp_path))), transport, fsm,
+                          peers=("a",), fsync=flaky_fsync)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run, inbox)
+            await wait_for(svc.is_leader)
+            index = svc.propose(b"one")
+            await svc.wait_applied(index)
+            assert fsm.items == ["one"]
+            assert svc.sync_errors == 2 and len(calls) >= 3
+            nursery.cancel_scope.cancel()
+        svc.storage.close()
+
+    trio.run(main)

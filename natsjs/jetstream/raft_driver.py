@@ -298,7 +298,10 @@ class RaftStorage:
     def finish_sync(self, s) -> int:
         """The index the node may now call persisted: the sync's end, lowered to any
         truncation that happened while it ran (those entries are not the ones synced)."""
-        ok = self.log.mark_synced(s)
+        try:
+            ok = self.log.mark_synced(s)
+        except ValueError:      # its run() never completed (the fsync was refused)
+            ok = False
         persisted = self._clamp
         self._clamp = None
         # a failed fdatasync proves nothing: the log rewrites and syncs it next time
@@ -377,8 +380,14 @@ class RaftService:
 
     def __init__(self, node_id: str, storage: RaftStorage, transport, fsm: StateMachine,
                  *, peers=(), config: RaftConfig | None = None, seed=None,
-                 tick_interval: float | None = None):
+                 tick_interval: float | None = None, fsync=None):
+        """``fsync`` is an async callable that makes a log ``Sync`` durable and raises
+        OSError when the disk refuses; the server passes JetStream's fsync thread
+        (``Engine.fsync``, natsjs/_core/syncer.pyx), which needs no GIL hand-offs.  The
+        default runs ``Sync.run`` in a trio worker thread."""
         self.id = node_id
+        self._fsync = fsync or _thread_fsync
+        self.sync_errors = 0
         self.storage = storage
         self.transport = transport
         self.fsm = fsm
@@ -525,14 +534,23 @@ class RaftService:
             async with self._lock:
                 s = storage.begin_sync()
                 self._sync_idle = trio.Event()
+            failed = False
             try:
-                await trio.to_thread.run_sync(s.run)
+                await self._fsync(s)
+            except OSError:
+                failed = True
             finally:
                 self._sync_idle.set()
             async with self._lock:
                 self.syncs += 1
                 self.node.persisted(storage.finish_sync(s))
                 await self._drive()
+            if failed:
+                # nothing was acknowledged; the log writes the unsynced bytes again on
+                # the next sync, which we retry at a calm pace
+                self.sync_errors += 1
+                self._want_sync.set()
+                await trio.sleep(self.cfg.heartbeat_interval)
 
     # -- effects
 
@@ -575,6 +593,10 @@ class RaftService:
     def _notify(self) -> None:
         self._applied_changed.set()
         self._applied_changed = trio.Event()
+
+
+async def _thread_fsync(sync) -> None:
+    await trio.to_thread.run_sync(sync.run)
 
 
 __all__ = ["DirFiles", "LocalNetwork", "LocalTransport", "NotLeader", "RaftService",
