@@ -75,3 +75,18 @@ def test_liveness_failure_is_reported():
     sim.net.heal = lambda: None          # healing is sabotaged
     with pytest.raises(Violation, match="no progress"):
         sim.drive()
+
+
+def test_no_election_without_faults_under_load():
+    # heartbeats are folded into replication: a busy, healthy group keeps its leader
+    for nodes in (3, 5):
+        sim = Sim(7, nodes=nodes, faults=False)
+        sim.start()
+        assert sim.run_for(2.0, until=lambda: sim.leader_host() is not None)
+        lead, term = sim.leader_host().id, sim.leader_host().node.term
+        for _ in range(5000):          # a proposal every millisecond for 5 s
+            sim.propose()
+            sim.run_for(0.001)
+        assert sim.leader_host().id == lead
+        assert {h.node.term for h in sim.hosts.values() if h.up} == {term}
+        assert len(sim.checker.acked) > 4500
