@@ -216,15 +216,14 @@ class RaftNode:
         self.snap = snapshot or SnapshotMeta(0, 0, tuple(peers), 0)
         self._runs = TermRuns(self.snap.index, self.snap.term)
         self._configs = [(self.snap.index, tuple(self.snap.peers))]
-        self._tail: list[bytes] = []
-        self._tail_first = self.snap.index + 1
+        self._tail: list[bytes] = []         # recent entries, indexes _tail_first..last
         self._tail_bytes = 0
         # Rebuild the term index and the configuration history from the log on disk.
         for index in range(self.snap.index + 1, view.last_index + 1):
             entry = view.entry(index)
             if entry is None:
                 raise RuntimeError("raft log has a gap at %d" % index)
-            for k in self._runs.append_entries(index, [entry]):
+            if self._runs.append_entries(index, [entry]):
                 self._configs.append((index, decode_peers(decode_entry(entry)[3])))
         self._tail_first = self._runs.last + 1
         self.voters: tuple = self._configs[-1][1]
