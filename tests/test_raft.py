@@ -280,6 +280,30 @@ def test_membership_add_then_remove_the_leader():
     assert node(sim, lead).role == FOLLOWER and not node(sim, lead).promotable()
 
 
+def test_a_new_peer_catches_up_as_a_learner_before_it_votes():
+    # R1 -> R2 with a long history: writes keep committing while the newcomer catches up
+    sim = make(nodes=1, spares=1, seed=25)
+    lead = node(sim, "n0")
+    index = propose(sim, 300, "history-")
+    assert sim.run_for(1.0, until=lambda: lead.applied >= index)
+    lead.compact(index, encode_state(sim.hosts["n0"].app))
+    lead.add_peer("n1")
+    with pytest.raises(ConfigChangeInProgress):
+        lead.add_peer("n1")
+    sim.hosts["n1"].start()
+    sim.hosts["n0"].process()
+    during = propose(sim, 1, "during")
+    assert sim.run_for(1.0, until=lambda: lead.applied >= during)
+    assert lead.voters == ("n0",)                  # committed without the newcomer
+    assert {p["name"] for p in lead.peer_info()} == {"n1"}
+    assert sim.run_for(3.0, until=lambda: lead.voters == ("n0", "n1")
+                       and node(sim, "n1").voters == ("n0", "n1"))
+    assert node(sim, "n1").applied >= during - 1
+    after = propose(sim, 1, "after")
+    assert sim.run_for(1.0, until=all_applied(sim, after, ["n0", "n1"]))
+    assert sim.hosts["n1"].app == sim.hosts["n0"].app
+
+
 def test_all_nodes_crash_and_acknowledged_entries_survive():
     sim = make(seed=19)
     index = propose(sim, 40)

@@ -21,7 +21,8 @@ tail, to apply after a restart, and to rebuild the term index on start.
 
 Our own design (issue 10), after the Raft paper and Ongaro's thesis: pre-vote and a
 leader lease (a rejoining node cannot depose a healthy leader), check-quorum, leader
-transfer with TimeoutNow, single-server membership changes, snapshots sent in chunks.
+transfer with TimeoutNow, single-server membership changes (a new peer catches up as a
+non-voting learner first), snapshots sent in chunks.
 Durability rules:
 
 * a follower acknowledges an index only once the driver has reported it persisted, and
@@ -244,6 +245,7 @@ class RaftNode:
         self._leader_first = 0               # index of this leader's no-op entry
         self._transfer_to: str | None = None
         self._transfer_deadline = 0.0
+        self._learners: set[str] = set()     # peers being caught up before they vote
         self._handlers = {MSG_APPEND: self._on_append, MSG_APPEND_RESP: self._on_append_resp,
                           MSG_VOTE: self._on_vote, MSG_VOTE_RESP: self._on_vote_resp,
                           MSG_SNAPSHOT: self._on_snapshot,
@@ -384,17 +386,27 @@ class RaftNode:
             self._send(to, encode_message(MSG_TIMEOUT_NOW, 0, self.term, self._sender))
         return to
 
-    def add_peer(self, peer: str) -> int:
+    def add_peer(self, peer: str) -> None:
+        """Start adding ``peer``: it is caught up first as a non-voting learner (snapshot
+        and replay), and the configuration entry that makes it a voter is appended once
+        it is within one batch of the commit index -- so an empty newcomer never holds
+        up commits (think R1 -> R2).  ``Ready.membership`` reports the committed change;
+        a leader change before then drops the learner (call again)."""
         if peer in self.voters:
             raise ValueError("%s is already a voter" % peer)
-        return self._change_config(self.voters + (peer,))
+        self._check_config_change()
+        self._learners.add(peer)
+        self._progress[peer] = Progress(self.last_index + 1, self.now)
 
     def remove_peer(self, peer: str) -> int:
+        """Append the configuration entry without ``peer``; returns its index."""
         if peer not in self.voters:
             raise ValueError("%s is not a voter" % peer)
         if len(self.voters) == 1:
             raise ValueError("cannot remove the last voter")
-        return self._change_config(tuple(p for p in self.voters if p != peer))
+        self._check_config_change()
+        return self._append_new(ENTRY_CONFIG, [encode_peers(
+            tuple(p for p in self.voters if p != peer))])
 
     def compact(self, index: int, data: bytes) -> None:
         """The application's state up to ``index`` (applied) is ``data``: keep it as the
@@ -562,6 +574,7 @@ class RaftNode:
         self._set_role(FOLLOWER)
         self._set_leader(leader)
         self._progress = {}
+        self._learners = set()
         self._match = None
         self._transfer_to = None
         if leader is not None:
@@ -610,6 +623,7 @@ class RaftNode:
         now = self.now
         nxt = self.last_index + 1
         self._progress = {p: Progress(nxt, now) for p in self.voters if p != self.id}
+        self._learners = set()
         self._match = MatchIndex(self.voters)
         self._match.update(self.id, self.persisted_index)
         self._leader_since = now
@@ -625,20 +639,29 @@ class RaftNode:
         for p in peers:
             if p != self.id and p not in self._progress:
                 self._progress[p] = Progress(self.last_index + 1, self.now)
+        self._learners.difference_update(peers)
         for p in list(self._progress):
-            if p not in peers:
+            if p not in peers and p not in self._learners:
                 del self._progress[p]
 
-    def _change_config(self, peers: tuple) -> int:
+    def _config_change_allowed(self) -> bool:
+        # One change at a time, and (Ongaro's fix for single-server changes) only once a
+        # new leader has committed in its own term, or a change from an earlier term
+        # could be lost under it.
+        return self._configs[-1][0] <= self.commit and self.commit >= self._leader_first
+
+    def _check_config_change(self) -> None:
         if self.role != LEADER or self._transfer_to is not None:
             raise NotLeader(self.leader_id)
-        if self._configs[-1][0] > self.commit:
+        if self._learners:
+            raise ConfigChangeInProgress("a peer is being added")
+        if not self._config_change_allowed():
             raise ConfigChangeInProgress("a membership change is not committed yet")
-        if self.commit < self._leader_first:
-            # Ongaro's fix for single-server changes: a new leader first commits in its
-            # own term, or a change from an earlier term could be lost under it.
-            raise ConfigChangeInProgress("leader has not committed in its term yet")
-        return self._append_new(ENTRY_CONFIG, [encode_peers(peers)])
+
+    def _maybe_promote(self, peer: str, pr: Progress) -> None:
+        if (pr.state == REPLICATE and pr.match + self.cfg.max_append_entries >= self.commit
+                and self._transfer_to is None and self._config_change_allowed()):
+            self._append_new(ENTRY_CONFIG, [encode_peers(self.voters + (peer,))])
 
     def _check_can_propose(self) -> None:
         if self.role != LEADER:
@@ -822,8 +845,9 @@ class RaftNode:
             self._transfer_to = None  # the target did not take over in time: carry on
         if now - self._leader_since >= cfg.election_timeout_max:
             active = 1 if self.id in self.voters else 0
-            for peer, pr in self._progress.items():
-                if now - pr.last_heard < cfg.election_timeout_max:
+            for peer in self.voters:
+                pr = self._progress.get(peer)
+                if pr is not None and now - pr.last_heard < cfg.election_timeout_max:
                     active += 1
             if active < self.quorum():
                 # Check-quorum: a leader cut off from a majority steps down, so clients
@@ -955,6 +979,8 @@ class RaftNode:
             if self._transfer_to == m.sender and pr.match == self.last_index:
                 self._send(m.sender, encode_message(MSG_TIMEOUT_NOW, 0, self.term,
                                                     self._sender))
+            elif m.sender in self._learners:
+                self._maybe_promote(m.sender, pr)
             return
         rejected = m.index
         if pr.state == REPLICATE:
@@ -996,8 +1022,8 @@ class RaftNode:
         self.commit = c
         if self.id not in self.voters and self._configs[-1][0] <= c:
             # Our own removal is committed: hand over to the most caught-up voter and go.
-            best = max(sorted(self._progress), key=lambda p: self._progress[p].match,
-                       default=None)
+            best = max(sorted(p for p in self._progress if p in self.voters),
+                       key=lambda p: self._progress[p].match, default=None)
             if best is not None and self._progress[best].match >= c:
                 self._send(best, encode_message(MSG_TIMEOUT_NOW, 0, self.term,
                                                 self._sender))
