@@ -1,0 +1,603 @@
+"""Raft on trio and on disk: the storage under a RaftNode and the task that drives it.
+
+Where it sits on the clustered write path::
+
+    RaftNode.ready() -> RaftService: hard state (atomic file) -> log append (file log) ->
+    send (transport: routes later, LocalNetwork in tests) ... fsync in a worker thread
+    (group commit) -> RaftNode.persisted -> commit -> StateMachine.apply
+
+``RaftStorage`` is synchronous and shared with the simulator (tests/raftsim.py), which runs
+it over a model file log that forgets unsynced writes on a crash; so the recovery rules
+below are exercised by the same code that runs in the server.  On disk, per group::
+
+    <dir>/state.json        term, vote and the bootstrap voter set (atomic replace)
+    <dir>/snapshot.json     index, term, voters, size and file of the current snapshot
+    <dir>/snap-<index>.bin  the snapshot itself (received ones arrive as snap-<index>.tmp)
+    <dir>/log/              the entries: a FileLog whose sequence is the Raft index
+
+``RaftService`` owns the timers and the tasks; every call into the node happens under one
+lock and the effects of one ``ready()`` are carried out before the node sees another
+input, so the node's read-only view of the log is always current.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import trio
+
+from natsjs._core.raftlog import RaftCodecError, decode_entry
+from natsjs.jetstream.raft import (
+    OP_APPEND,
+    OP_SNAPSHOT_CHUNK,
+    OP_SNAPSHOT_INSTALL,
+    OP_SNAPSHOT_SAVE,
+    OP_TRUNCATE,
+    LEADER,
+    NotLeader,
+    RaftConfig,
+    RaftNode,
+    SnapshotMeta,
+)
+from natsjs.jetstream.store import fsync_dir, write_json_atomic
+
+STATE = "state.json"
+SNAPSHOT = "snapshot.json"
+ENTRY_SUBJECT = b"$NRG"   # every record of a Raft log carries this subject
+
+
+# ---- files ----------------------------------------------------------------------------
+
+class DirFiles:
+    """The small files of one Raft group in a directory (durable where it says so)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        os.makedirs(path, exist_ok=True)
+
+    def _p(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def read_json(self, name: str):
+        try:
+            with open(self._p(name), "rb") as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return None
+
+    def write_json(self, name: str, obj) -> None:
+        """Durable on return: temporary file, fsync, rename, fsync of the directory."""
+        write_json_atomic(self._p(name), obj)
+
+    def write_at(self, name: str, offset: int, data: bytes) -> None:
+        """Write into a scratch file (not durable until ``promote``)."""
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0)
+        fd = os.open(self._p(name), flags, 0o644)
+        try:
+            os.pwrite(fd, data, offset)
+        finally:
+            os.close(fd)
+
+    def write_file(self, name: str, data: bytes) -> None:
+        """Durable on return, like write_json."""
+        self.write_at(name + ".part", 0, data)
+        self.promote(name + ".part", name)
+
+    def promote(self, src: str, dst: str) -> None:
+        fd = os.open(self._p(src), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(self._p(src), self._p(dst))
+        fsync_dir(self.path)
+
+    def read_at(self, name: str, offset: int, size: int) -> bytes:
+        with open(self._p(name), "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+
+    def remove(self, name: str) -> None:
+        try:
+            os.unlink(self._p(name))
+        except FileNotFoundError:
+            pass
+
+    def names(self) -> list[str]:
+        return os.listdir(self.path)
+
+
+# ---- the log --------------------------------------------------------------------------
+
+class RaftStorage:
+    """A Raft group's durable state over a FileLog-interface log and a ``DirFiles``.
+
+    It is also the node's ``LogView``: ``last_index``, ``entry(index)``,
+    ``snapshot_chunk(offset, size)``.
+    """
+
+    def __init__(self, log, files):
+        self.log = log
+        self.files = files
+        self.term = 0
+        self.vote = None
+        self.peers: tuple = ()
+        self.snapshot: SnapshotMeta | None = None
+        self._snap_file = None
+        self._incoming = None      # name of the snapshot being received
+        self._clamp = None         # lowest truncation point since the running sync began
+        self.recovered_truncations = 0
+
+    # -- recovery
+
+    def recover(self, peers=()) -> None:
+        """Load term, vote and snapshot, and make the log consistent with them.
+
+        ``peers`` is the bootstrap voter set, recorded on first start (a node joining an
+        existing group passes none and learns its voters from the leader).
+        """
+        state = self.files.read_json(STATE)
+        if state is None:
+            self.peers = tuple(peers)
+            self.files.write_json(STATE, {"term": 0, "vote": None, "peers": list(peers)})
+        else:
+            self.term, self.vote = state["term"], state["vote"]
+            self.peers = tuple(state.get("peers") or ())
+        snap = self.files.read_json(SNAPSHOT)
+        if snap is not None:
+            self.snapshot = SnapshotMeta(snap["index"], snap["term"], tuple(snap["peers"]),
+                                         snap["size"])
+            self._snap_file = snap["file"]
+        for name in self.files.names():
+            # leftovers of a snapshot that was never completed, or replaced
+            if name.startswith("snap-") and name != self._snap_file:
+                self.files.remove(name)
+        log = self.log
+        base = self.snapshot.index if self.snapshot else 0
+        if self.snapshot is not None:
+            # The log must continue the snapshot: keep it only if it holds the snapshot's
+            # last entry with the same term, or starts right after it (we compacted it).
+            first, last = log.first_seq, log.last_seq
+            keep = False
+            if last < first:
+                keep = False
+            elif first == base + 1:
+                keep = True
+            elif first <= base <= last:
+                rec = log.load(base)
+                keep = rec is not None and self._term_of(rec[2], base) == self.snapshot.term
+            if not keep:
+                self._reset_log(base + 1)
+            elif first <= base:
+                log.compact(base + 1)
+        elif log.first_seq != 1:
+            # a compacted log is only ever left behind a durable snapshot.json
+            raise RuntimeError("raft log starts at %d but there is no snapshot"
+                               % log.first_seq)
+        # Entries must be intact, in sequence, with non-decreasing terms; the first one
+        # that is not ends the log (a torn write, or a truncation that never reached disk).
+        prev_term = self.snapshot.term if self.snapshot else 0
+        for index in range(log.first_seq, log.last_seq + 1):
+            rec = log.load(index)
+            term = self._term_of(rec[2], index) if rec is not None else None
+            if term is None or term < prev_term:
+                log.truncate(index - 1)
+                self.recovered_truncations += 1
+                break
+            prev_term = term
+        self._sync_now()
+
+    @staticmethod
+    def _term_of(entry, index):
+        try:
+            _, term, eindex, _ = decode_entry(bytes(entry))
+        except RaftCodecError:
+            return None
+        return term if eindex == index else None
+
+    def _reset_log(self, first: int) -> None:
+        log = self.log
+        if log.last_seq >= log.first_seq:
+            log.truncate(log.first_seq - 1)
+        log.compact(first)
+
+    def _sync_now(self) -> None:
+        s = self.log.begin_sync()
+        s.run()
+        self.log.mark_synced(s)
+
+    # -- the node's view
+
+    @property
+    def last_index(self) -> int:
+        return self.log.last_seq
+
+    def entry(self, index: int):
+        rec = self.log.load(index)
+        if rec is None:
+            return None
+        return rec[2] if isinstance(rec[2], bytes) else bytes(rec[2])
+
+    def snapshot_chunk(self, offset: int, size: int) -> bytes:
+        return self.files.read_at(self._snap_file, offset, size)
+
+    def snapshot_bytes(self) -> bytes:
+        """The whole current snapshot (for the application's restore)."""
+        if self.snapshot is None:
+            return b""
+        return self.files.read_at(self._snap_file, 0, self.snapshot.size)
+
+    # -- effects
+
+    def save_hard_state(self, term: int, vote) -> None:
+        self.term, self.vote = term, vote
+        self.files.write_json(STATE, {"term": term, "vote": vote, "peers": list(self.peers)})
+
+    def append(self, first: int, entries: list) -> None:
+        append = self.log.append
+        for k, e in enumerate(entries):
+            append(ENTRY_SUBJECT, None, e, 0, first + k)
+
+    def apply_op(self, op) -> None:
+        """Carry out one Ready.ops entry (appends may also go through ``append``)."""
+        kind = op[0]
+        if kind == OP_APPEND:
+            self.append(op[1], op[2])
+        elif kind == OP_TRUNCATE:
+            self._truncated(op[1])
+            self.log.truncate(op[1])
+        elif kind == OP_SNAPSHOT_SAVE:
+            _, index, term, peers, data = op
+            name = "snap-%d.bin" % index
+            self.files.write_file(name, data)
+            self._set_snapshot(SnapshotMeta(index, term, tuple(peers), len(data)), name)
+            # the snapshot is durable, so the entries it covers can go
+            if self.log.first_seq <= index:
+                self.log.compact(index + 1)
+        elif kind == OP_SNAPSHOT_CHUNK:
+            _, index, term, offset, data = op
+            self._incoming = "snap-%d.tmp" % index
+            self.files.write_at(self._incoming, offset, data)
+        elif kind == OP_SNAPSHOT_INSTALL:
+            _, index, term, peers, size = op
+            name = "snap-%d.bin" % index
+            self.files.promote(self._incoming, name)
+            self._incoming = None
+            self._set_snapshot(SnapshotMeta(index, term, tuple(peers), size), name)
+            # The whole log is replaced; the next sync makes the empty log durable (and
+            # recovery drops entries that do not continue the snapshot meanwhile).
+            self._truncated(0)
+            self._reset_log(index + 1)
+        else:  # pragma: no cover - a programming error in the node
+            raise ValueError("unknown raft log op %r" % (kind,))
+
+    def _set_snapshot(self, meta: SnapshotMeta, name: str) -> None:
+        old = self._snap_file
+        self.files.write_json(SNAPSHOT, {"index": meta.index, "term": meta.term,
+                                         "peers": list(meta.peers), "size": meta.size,
+                                         "file": name})
+        self.snapshot = meta
+        self._snap_file = name
+        if old and old != name:
+            self.files.remove(old)
+
+    def _truncated(self, keep: int) -> None:
+        if self._clamp is not None and keep < self._clamp:
+            self._clamp = keep
+
+    # -- durability (group commit)
+
+    def begin_sync(self):
+        """Start a sync of everything appended so far; run ``.run()`` (any thread), then
+        ``finish_sync``.  One at a time."""
+        s = self.log.begin_sync()
+        self._clamp = s.seq
+        return s
+
+    def finish_sync(self, s) -> int:
+        """The index the node may now call persisted: the sync's end, lowered to any
+        truncation that happened while it ran (those entries are not the ones synced)."""
+        try:
+            ok = self.log.mark_synced(s)
+        except ValueError:      # its run() never completed (the fsync was refused)
+            ok = False
+        persisted = self._clamp
+        self._clamp = None
+        # a failed fdatasync proves nothing: the log rewrites and syncs it next time
+        return persisted if ok else 0
+
+    def close(self) -> None:
+        self.log.close()
+
+
+# ---- transport ------------------------------------------------------------------------
+
+class LocalNetwork:
+    """An in-process transport between RaftServices (tests, benchmarks).
+
+    Later the transport is internal subscriptions in the system account over routes; it
+    has the same shape: ``send(peer, data)`` never blocks and may drop (a full inbox is a
+    slow consumer), and what arrives is fed to the node.
+    """
+
+    def __init__(self, capacity: int = 65536):
+        self._capacity = capacity
+        self._inboxes: dict[str, trio.MemorySendChannel] = {}
+        self.blocked: set[tuple[str, str]] = set()   # (from, to) pairs cut off
+        self.dropped = 0
+
+    def attach(self, node_id: str):
+        """A transport for ``node_id`` and the channel its received messages arrive on."""
+        send, recv = trio.open_memory_channel(self._capacity)
+        self._inboxes[node_id] = send
+        return LocalTransport(self, node_id), recv
+
+    def detach(self, node_id: str) -> None:
+        ch = self._inboxes.pop(node_id, None)
+        if ch is not None:
+            ch.close()
+
+    def _deliver(self, src: str, dst: str, data: bytes) -> None:
+        ch = self._inboxes.get(dst)
+        if ch is None or (src, dst) in self.blocked:
+            self.dropped += 1
+            return
+        try:
+            ch.send_nowait(data)
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            self.dropped += 1
+
+
+class LocalTransport:
+    __slots__ = ("_net", "id")
+
+    def __init__(self, net: LocalNetwork, node_id: str):
+        self._net = net
+        self.id = node_id
+
+    def send(self, peer: str, data: bytes) -> None:
+        self._net._deliver(self.id, peer, data)
+
+
+# ---- the driver -----------------------------------------------------------------------
+
+class StateMachine:
+    """What a RaftService applies committed entries to (the stream, the consumer, meta)."""
+
+    def apply(self, entries: list) -> None:
+        """``(index, term, data)`` of committed entries, in order, each exactly once."""
+
+    def restore(self, storage: RaftStorage, index: int, term: int) -> None:
+        """Replace the state with the snapshot now in ``storage`` (taken at ``index``)."""
+
+    def leader_changed(self, leader, term: int) -> None:
+        """``leader`` is the new leader's id (None while there is none)."""
+
+
+class RaftService:
+    """Runs one RaftNode: timers, message intake, fsync with group commit, effects."""
+
+    def __init__(self, node_id: str, storage: RaftStorage, transport, fsm: StateMachine,
+                 *, peers=(), config: RaftConfig | None = None, seed=None,
+                 tick_interval: float | None = None, fsync=None):
+        """``fsync`` is an async callable that makes a log ``Sync`` durable and raises
+        OSError when the disk refuses; the server passes JetStream's fsync thread
+        (``Engine.fsync``, natsjs/_core/syncer.pyx), which needs no GIL hand-offs.  The
+        default runs ``Sync.run`` in a trio worker thread."""
+        self.id = node_id
+        self._fsync = fsync or _thread_fsync
+        self.sync_errors = 0
+        self.storage = storage
+        self.transport = transport
+        self.fsm = fsm
+        self.cfg = config or RaftConfig()
+        self.tick_interval = tick_interval or self.cfg.heartbeat_interval / 5
+        storage.recover(peers)
+        if storage.snapshot is not None:
+            fsm.restore(storage, storage.snapshot.index, storage.snapshot.term)
+        self.node = RaftNode(node_id, storage.peers, view=storage, config=self.cfg,
+                             rng=random.Random(seed), term=storage.term, vote=storage.vote,
+                             snapshot=storage.snapshot, now=trio.current_time())
+        self._lock = trio.Lock()
+        self._want_sync = trio.Event()
+        self._wake = trio.Event()
+        self._sync_idle = trio.Event()
+        self._sync_idle.set()
+        self._applied_changed = trio.Event()
+        self.applied = self.node.applied
+        self.syncs = 0
+        self.closed = False
+
+    # -- properties for stream info / monitoring
+
+    @property
+    def leader(self):
+        return self.node.leader_id
+
+    @property
+    def term(self) -> int:
+        return self.node.term
+
+    def is_leader(self) -> bool:
+        return self.node.role == LEADER
+
+    def peer_info(self) -> list[dict]:
+        return self.node.peer_info()
+
+    # -- application calls (synchronous; the work is done by the service's tasks)
+
+    def propose(self, data) -> int:
+        index = self.node.propose(data)
+        self._wake.set()
+        return index
+
+    def propose_many(self, datas) -> int:
+        index = self.node.propose_many(datas)
+        self._wake.set()
+        return index
+
+    def transfer_leadership(self, to=None) -> str:
+        peer = self.node.transfer_leadership(to)
+        self._wake.set()
+        return peer
+
+    def add_peer(self, peer: str) -> int:
+        index = self.node.add_peer(peer)
+        self._wake.set()
+        return index
+
+    def remove_peer(self, peer: str) -> int:
+        index = self.node.remove_peer(peer)
+        self._wake.set()
+        return index
+
+    async def compact(self, index: int, data: bytes) -> None:
+        async with self._lock:
+            self.node.compact(index, data)
+            await self._drive()
+
+    async def wait_applied(self, index: int) -> None:
+        while self.applied < index:
+            if self.closed:
+                raise trio.ClosedResourceError("raft service closed")
+            ev = self._applied_changed
+            await ev.wait()
+
+    async def wait_leader(self) -> str:
+        """Wait until this node knows a leader; returns its id."""
+        while self.node.leader_id is None:
+            await self._wait_change()
+        return self.node.leader_id
+
+    async def _wait_change(self) -> None:
+        await self._applied_changed.wait()
+
+    # -- tasks
+
+    async def run(self, inbox, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled.  ``inbox`` yields the bytes other nodes sent us."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._recv_loop, inbox)
+                nursery.start_soon(self._tick_loop, inbox)
+                nursery.start_soon(self._sync_loop)
+                nursery.start_soon(self._flush_loop)
+                task_status.started()
+        finally:
+            self.closed = True
+            self._notify()
+
+    async def _recv_loop(self, inbox) -> None:
+        node = self.node
+        async for data in inbox:
+            async with self._lock:
+                now = trio.current_time()
+                node.step(data, now)
+                self._take_queued(inbox, now)
+                node.tick(now)
+                await self._drive()
+
+    def _take_queued(self, inbox, now: float) -> None:
+        # Everything already queued goes in before the next ready: one append-entries per
+        # peer for all of it, and no election timeout fires while a leader's messages wait
+        # in our own inbox.
+        step = self.node.step
+        for _ in range(4096):
+            try:
+                data = inbox.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return
+            step(data, now)
+
+    async def _tick_loop(self, inbox) -> None:
+        while True:
+            await trio.sleep(self.tick_interval)
+            async with self._lock:
+                now = trio.current_time()
+                self._take_queued(inbox, now)
+                self.node.tick(now)
+                await self._drive()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            async with self._lock:
+                await self._drive()
+
+    async def _sync_loop(self) -> None:
+        storage = self.storage
+        while True:
+            await self._want_sync.wait()
+            self._want_sync = trio.Event()
+            async with self._lock:
+                s = storage.begin_sync()
+                self._sync_idle = trio.Event()
+            failed = False
+            try:
+                await self._fsync(s)
+            except OSError:
+                failed = True
+            finally:
+                self._sync_idle.set()
+            async with self._lock:
+                self.syncs += 1
+                self.node.persisted(storage.finish_sync(s))
+                await self._drive()
+            if failed:
+                # nothing was acknowledged; the log writes the unsynced bytes again on
+                # the next sync, which we retry at a calm pace
+                self.sync_errors += 1
+                self._want_sync.set()
+                await trio.sleep(self.cfg.heartbeat_interval)
+
+    # -- effects
+
+    async def _drive(self) -> None:
+        """Carry out the node's effects until it has none (lock held)."""
+        while True:
+            r = self.node.ready()
+            if not r:
+                return
+            await self._execute(r)
+            if not r.more:
+                return
+
+    async def _execute(self, r) -> None:
+        storage = self.storage
+        if r.hard_state is not None:
+            await trio.to_thread.run_sync(storage.save_hard_state, *r.hard_state)
+        for op in r.ops:
+            if op[0] == OP_APPEND:
+                storage.append(op[1], op[2])
+            else:
+                # truncation, snapshots: never while an fsync is running on the log
+                await self._sync_idle.wait()
+                await trio.to_thread.run_sync(storage.apply_op, op)
+            if op[0] in (OP_APPEND, OP_TRUNCATE, OP_SNAPSHOT_INSTALL):
+                self._want_sync.set()
+        send = self.transport.send
+        for peer, data in r.messages:
+            send(peer, data)
+        if r.restore is not None:
+            self.fsm.restore(storage, *r.restore)
+        if r.committed:
+            self.fsm.apply(r.committed)
+        if r.leader is not None:
+            self.fsm.leader_changed(*r.leader)
+        if self.applied != self.node.applied or r.leader is not None or r.role is not None:
+            self.applied = self.node.applied
+            self._notify()
+
+    def _notify(self) -> None:
+        self._applied_changed.set()
+        self._applied_changed = trio.Event()
+
+
+async def _thread_fsync(sync) -> None:
+    await trio.to_thread.run_sync(sync.run)
+
+
+__all__ = ["DirFiles", "LocalNetwork", "LocalTransport", "NotLeader", "RaftService",
+           "RaftStorage", "StateMachine"]
