@@ -103,7 +103,12 @@ class Api:
             body = msg[hdr:] if hdr is not None and hdr > 0 else msg
             h = msg[:hdr] if hdr is not None and hdr > 0 else None
             try:
-                resp = await self.dispatch(jsa, subject.decode("utf-8", "replace"), h, body)
+                subj = subject.decode("utf-8", "replace")
+                if self.js.cluster is not None:
+                    from natsjs.jetstream import cluster_api
+                    resp = await cluster_api.dispatch(self, jsa, subj, h, body, reply)
+                else:
+                    resp = await self.dispatch(jsa, subj, h, body)
             except ApiError as err:
                 resp = {"type": T + "system_response", "error": err.to_dict()}
             except Exception as exc:   # a bug answers with an error, never kills the worker

@@ -126,6 +126,10 @@ class Consumer:
         self._npc = None                    # num pending cache, valid through _npf
         self._npf = 0
         self._now = 0                       # the clock, read once per delivery burst
+        # A replicated consumer's replica (natsjs/jetstream/replicated.py) delivers only
+        # while it leads its group.
+        self.replica = None
+        self._leading = True
         # replay_policy original / rate_limit_bps (pacing.py): a message taken from the
         # store that must wait is held until the time it may go.
         self.pacer = Pacer.for_consumer(self)
@@ -262,6 +266,13 @@ class Consumer:
     # ---- lifecycle ----------------------------------------------------------------------
 
     def start(self, nursery: trio.Nursery) -> None:
+        if self.replica is None or self._leading:
+            self._subscribe()
+        nursery.start_soon(self._run)
+
+    def _subscribe(self) -> None:
+        if self._subs or self.closed:
+            return
         acc = self.stream.jsa.account
         base = ("%s.%s" % (self.stream.name, self.name)).encode()
         self._subs.append(self.js.subscribe(acc, b"$JS.ACK." + base + b".>", self._on_ack))
@@ -271,7 +282,23 @@ class Consumer:
         else:
             self._subs.append(self.js.subscribe(acc, b"$JS.FC." + base + b".*", self._on_fc))
             self.check_interest()
-        nursery.start_soon(self._run)
+
+    def set_active_leader(self, leading: bool) -> None:
+        """A replicated consumer's replica: only the leader takes requests, acks and
+        delivers (natsjs/jetstream/replicated.py)."""
+        self._leading = leading
+        if leading:
+            self._subscribe()
+            self._pending_reset()
+            self._wake.unpark()
+            return
+        acc = self.stream.jsa.account
+        for sub in self._subs:
+            self.js.unsubscribe(acc, sub)
+        self._subs = []
+        self.waiting.clear()
+        self.rdq = []
+        self._rdq_set = set()
 
     def stop(self, delete: bool = False, from_stream: bool = False) -> None:
         if self.closed:
@@ -387,6 +414,9 @@ class Consumer:
         while True:
             if self.closed:
                 return
+            if not self._leading:
+                await self._wake.park()
+                continue
             n = self._deliver_some()
             if n >= DELIVER_BURST:
                 await trio.lowlevel.checkpoint()
@@ -1126,7 +1156,10 @@ class Consumer:
         if not self.cstore.durable:
             return
         try:
-            await trio.to_thread.run_sync(self.cstore.snapshot, _copy_state(self.st))
+            if getattr(self.cstore, "inline", False):
+                self.cstore.snapshot(_copy_state(self.st))
+            else:
+                await trio.to_thread.run_sync(self.cstore.snapshot, _copy_state(self.st))
         except OSError as exc:
             self.server.log.error("JetStream consumer '%s > %s > %s' snapshot failed: %s",
                                   self.stream.jsa.name, self.stream.name, self.name, exc)
@@ -1150,7 +1183,9 @@ class Consumer:
             "num_redelivered": len(st.rdc) if self.cfg["max_deliver"] != 1 else 0,
             "num_waiting": len(self.waiting),
             "num_pending": self.num_pending(),
-            "cluster": self.js.cluster_info(),
+            "cluster": self.replica.cluster_info() if self.replica is not None
+            else (self.stream.replica.cluster_info() if self.stream.replica is not None
+                  else self.js.cluster_info()),
         }
         if self.push and self.active:
             out["push_bound"] = True

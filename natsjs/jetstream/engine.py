@@ -224,6 +224,7 @@ class JetStream:
         self.api = None
         self.started = 0
         self._syncer = None
+        self.cluster = None          # JetStreamCluster when the server is clustered
         self._fsync_waiters: dict = {}
         self._fsync_errors: dict = {}
 
@@ -310,7 +311,13 @@ class JetStream:
             for acc, limits in self.enabled_accounts():
                 jsa = JsAccount(self, acc, limits)
                 self.accounts[acc.name] = jsa
-                await self._recover_account(jsa)
+                if self.server.cluster is None:
+                    await self._recover_account(jsa)
+            if self.server.cluster is not None:
+                # Clustered: the meta group's assignments say which streams live here.
+                from natsjs.jetstream.cluster import JetStreamCluster
+                self.cluster = JetStreamCluster(self)
+                await nursery.start(self.cluster.run)
             self.api.install()
             nursery.start_soon(self.api.worker)
             self.started = now_ns()
@@ -327,6 +334,8 @@ class JetStream:
             return
         self.enabled = False
         self.server.log.info("Initiating JetStream Shutdown...")
+        if self.cluster is not None:
+            self.cluster.stop()
         for jsa in self.accounts.values():
             for s in list(jsa.streams.values()):
                 s.stop()

@@ -89,6 +89,8 @@ class Stream:
         self._expire_idle = False
         self._budget = 0
         self._batch_ts = 0
+        # A replica of a clustered stream (natsjs/jetstream/replicated.py), or None.
+        self.replica = None
         # Plain messages go from the fan-out straight into the log (jsingest.pyx).
         self._sink = StreamSink(store, self._capture, self._commit_wake.unpark,
                                 cfg["storage"] == "file")
@@ -139,8 +141,12 @@ class Stream:
         self._rptr = new_transform(rp.get("src") or ">", rp.get("dest") or "") if rp else None
 
     def start(self, nursery: trio.Nursery) -> None:
+        self._set_plain()
         self._rebuild_state()
-        self._subscribe()
+        if self.replica is None:
+            self._subscribe()
+        else:
+            self._update_direct()      # the capture is the leader's (replicated.py)
         self.sourcing = sourcing.for_stream(self)
         nursery.start_soon(self._run)
 
@@ -148,7 +154,8 @@ class Stream:
         with self._scope:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._ingest_loop)
-                nursery.start_soon(self._commit_loop)
+                if self.replica is None:
+                    nursery.start_soon(self._commit_loop)
                 nursery.start_soon(self._expire_loop)
                 if self.is_file and not self.sync_always:
                     nursery.start_soon(self._lazy_sync_loop)
@@ -185,6 +192,20 @@ class Stream:
             for sub in self._direct_subs:
                 self.js.unsubscribe(acc, sub)
             self._direct_subs = []
+
+    def _subscribe_capture(self) -> None:
+        """A replica that became its stream's leader starts taking publishes."""
+        if not self._subs and not self.closed and self.cfg["mirror"] is None:
+            acc = self.jsa.account
+            for subj in self.cfg["subjects"] or []:
+                self._subs.append(self.js.subscribe(acc, subj.encode(), self._sink))
+
+    def _unsubscribe_capture(self) -> None:
+        acc = self.jsa.account
+        for sub in self._subs:
+            self.js.unsubscribe(acc, sub)
+        self._subs = []
+        self._inbox = self._sink.inbox = []
 
     def _unsubscribe(self) -> None:
         acc = self.jsa.account
@@ -287,6 +308,12 @@ class Stream:
             self._inbox_bytes = 0
             self._budget = self.jsa.storage_budget(self)
             self._batch_ts = now_ns()
+            if self.replica is not None:
+                # Clustered: the batch goes to the stream's Raft group; every replica
+                # processes it when it is committed (replicated.py).
+                self.replica.propose_batch(batch)
+                await trio.lowlevel.checkpoint()
+                continue
             replies = self._unsynced
             for subject, reply, hdr, msg in batch:
                 try:
@@ -427,7 +454,8 @@ class Stream:
 
     def _set_plain(self) -> None:
         self._plain = self._plain_config()
-        self._sink.plain = self._plain and not self.closed
+        # A replica's messages go through its Raft group, never straight to the store.
+        self._sink.plain = self._plain and not self.closed and self.replica is None
         self._sink.no_ack = self.cfg["no_ack"]
 
     def _plain_config(self) -> bool:
@@ -514,7 +542,7 @@ class Stream:
             if mid:
                 msg_id = mid.decode("utf-8", "replace")
                 # A mirror cannot deduplicate on its own: the origin did.
-                dd = self._check_msg_id(msg_id) if not mirror_seq else None
+                dd = self._check_msg_id(msg_id, ts) if not mirror_seq else None
                 if dd is not None:
                     return self._pub_ack_prefix + b"%d,\"duplicate\": true}" % dd
             exp = H.get(hdr, H.EXPECTED_LAST_MSG_ID)
@@ -591,11 +619,13 @@ class Stream:
         self._ddmap[msg_id] = (seq, ts)
         self._ddq.append((msg_id, ts))
 
-    def _check_msg_id(self, msg_id: str) -> int | None:
+    def _check_msg_id(self, msg_id: str, now: int = 0) -> int | None:
+        """The sequence a message id was stored at within the duplicate window.  A
+        replicated stream passes the entry's time, so every replica decides alike."""
         window = self.cfg["duplicate_window"]
         if not window:
             return None
-        cutoff = now_ns() - window
+        cutoff = (now or now_ns()) - window
         q = self._ddq
         while q and q[0][1] < cutoff:
             old, ts = q.popleft()
@@ -1058,7 +1088,8 @@ class Stream:
                "state": self.state(subjects_filter, deleted_details)}
         if self.js.domain:
             out["domain"] = self.js.domain
-        out["cluster"] = self.js.cluster_info()
+        out["cluster"] = self.replica.cluster_info() if self.replica is not None \
+            else self.js.cluster_info()
         if self.sourcing is not None:
             out.update(self.sourcing.info())
         out["ts"] = rfc3339_nano(now_ns())

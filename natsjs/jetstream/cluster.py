@@ -1,0 +1,672 @@
+"""JetStream clustering: the meta group that owns the API and placement.
+
+Every JetStream server of a cluster is a member of one Raft group, the meta group
+(natsjs/jetstream/raft.py, driven by raft_driver.RaftService).  Its log holds the
+cluster's assignments: which streams and consumers exist, with which configuration,
+and on which peers (natsjs/jetstream/placement.py chooses them).  Every server applies
+the log and makes its local state match it (``reconcile``): a server named in a
+stream's peer set runs a replica of that stream, itself a Raft group
+(natsjs/jetstream/replicated.py); a server that is no longer named drops its replica.
+
+Raft traffic rides the routes like any other message, as internal subscriptions in the
+system account: a server listens on ``$JSC.R.<its peer id>.*`` and a message for group
+G on peer P is published to ``$JSC.R.<P>.<G>``.  Peer ids are nats-server's: eight
+characters of a hash of the server name (server/events.go getHash), which is why a
+JetStream cluster needs unique server names.  Servers also announce themselves every
+second on ``$JSC.INFO`` (name, cluster, tags, storage, what they know of the meta
+group): placement uses it for who is online and how much room they have, and the meta
+group forms from it the first time (``_bootstrap``).
+
+The API in a cluster: every JetStream server receives each ``$JS.API`` request of an
+account (interest rides the routes); the meta leader answers those that change or list
+assignments, a stream's leader those about its stream, a consumer's leader those about
+its consumer; the rest stay silent.  With no meta leader, requests get the reference's
+"JetStream system temporarily unavailable".
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+
+import trio
+
+from natsjs.jetstream.errors import ApiError
+from natsjs.jetstream.jstime import now_ns, rfc3339_nano
+from natsjs.jetstream.placement import Candidate, PlacementError, select_peers
+from natsjs.jetstream.raft import RaftConfig
+from natsjs.jetstream.raft_driver import DirFiles, RaftService, RaftStorage, StateMachine
+
+_DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+META = "_meta_"
+INFO_INTERVAL = 1.0          # how often a server announces itself
+OFFLINE_AFTER = 3.5          # silence after which a peer counts as offline
+BOOTSTRAP_STABLE = 1.0       # the known peer set must hold still this long
+META_SNAPSHOT_EVERY = 256    # meta entries between snapshots
+T = "io.nats.jetstream.api.v1."
+
+
+def peer_id(name: str) -> str:
+    """server/events.go getHash: 8 base-62 characters of the name's SHA-256."""
+    b = hashlib.sha256(name.encode()).digest()
+    return "".join(_DIGITS[b[i] % 62] for i in range(8))
+
+
+def group_name(prefix: str, replicas: int, storage: str) -> str:
+    """server/jetstream_cluster.go groupName: S-R3F-<random hash>."""
+    tag = "".join(random.choice(_DIGITS) for _ in range(8))
+    return "%s-R%d%s-%s" % (prefix, replicas, (storage or "file")[0].upper(), tag)
+
+
+class Transport:
+    """Raft messages of every group on this server, over the system account."""
+
+    def __init__(self, cluster: "JetStreamCluster"):
+        self.cluster = cluster
+        self.server = cluster.server
+        self.inboxes: dict[str, trio.MemorySendChannel] = {}
+        self.dropped = 0
+
+    def install(self) -> None:
+        js = self.cluster.js
+        sys_acc = self.server.system_account
+        self._sub = js.subscribe(sys_acc, b"$JSC.R.%s.*" % self.cluster.me.encode(),
+                                 self._on_message)
+
+    def attach(self, group: str):
+        send, recv = trio.open_memory_channel(65536)
+        self.inboxes[group] = send
+        return GroupTransport(self, group), recv
+
+    def detach(self, group: str) -> None:
+        ch = self.inboxes.pop(group, None)
+        if ch is not None:
+            ch.close()
+
+    def _on_message(self, sub, subject, reply, hdr, msg) -> None:
+        group = subject[subject.rfind(b".") + 1:].decode()
+        ch = self.inboxes.get(group)
+        if ch is None:
+            self.dropped += 1
+            return
+        try:
+            ch.send_nowait(msg)
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            self.dropped += 1
+
+    def send(self, group: str, peer: str, data: bytes) -> None:
+        if peer == self.cluster.me:
+            ch = self.inboxes.get(group)
+            if ch is not None:
+                try:
+                    ch.send_nowait(data)
+                except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                    self.dropped += 1
+            return
+        self.server.deliver(self.server.system_account,
+                            b"$JSC.R.%s.%s" % (peer.encode(), group.encode()), None, data)
+
+
+class GroupTransport:
+    __slots__ = ("_t", "_group")
+
+    def __init__(self, t: Transport, group: str):
+        self._t = t
+        self._group = group
+
+    def send(self, peer: str, data: bytes) -> None:
+        self._t.send(self._group, peer, data)
+
+
+class NodeInfo:
+    """What a server last said of itself on $JSC.INFO."""
+
+    __slots__ = ("peer", "name", "cluster", "tags", "js", "known", "meta", "seen", "natsjs")
+
+    def __init__(self, peer: str):
+        self.peer = peer
+        self.name = ""
+        self.cluster = ""
+        self.tags: list = []
+        self.js: dict = {}
+        self.known: list = []
+        self.meta: dict = {}
+        self.seen = 0.0
+        self.natsjs = True
+
+    def online(self, now: float) -> bool:
+        return now - self.seen < OFFLINE_AFTER
+
+
+class MetaState(StateMachine):
+    """The meta group's state machine: assignments in, local replicas reconciled."""
+
+    def __init__(self, cluster: "JetStreamCluster"):
+        self.cluster = cluster
+        self.streams: dict[str, dict] = {}       # "acc stream" -> assignment
+        self.consumers: dict[str, dict] = {}     # "acc stream consumer" -> assignment
+        self.removed: set[str] = set()           # peers removed from the cluster
+        self.applied_since_snapshot = 0
+
+    def apply(self, entries: list) -> None:
+        changed = False
+        for index, term, data in entries:
+            try:
+                op = json.loads(data)
+            except ValueError:
+                continue
+            if not isinstance(op, dict):
+                continue
+            changed = self._apply_op(op) or changed
+            self.applied_since_snapshot += 1
+        if changed:
+            self.cluster.reconcile()
+
+    def _apply_op(self, op: dict) -> bool:
+        kind = op.get("op")
+        if kind == "stream":
+            key = "%s %s" % (op["acc"], op["cfg"]["name"])
+            old = self.streams.get(key)
+            sa = {"acc": op["acc"], "cfg": op["cfg"], "created": op.get("created") or
+                  (old or {}).get("created") or now_ns(),
+                  "group": op["group"], "reply": op.get("reply"), "subject": op.get("subject")}
+            self.streams[key] = sa
+            return True
+        if kind == "stream_del":
+            key = "%s %s" % (op["acc"], op["name"])
+            self.streams.pop(key, None)
+            for ck in [k for k in self.consumers if k.startswith(key + " ")]:
+                del self.consumers[ck]
+            return True
+        if kind == "consumer":
+            key = "%s %s %s" % (op["acc"], op["stream"], op["name"])
+            old = self.consumers.get(key)
+            self.consumers[key] = {"acc": op["acc"], "stream": op["stream"],
+                                   "name": op["name"], "cfg": op["cfg"],
+                                   "created": op.get("created") or
+                                   (old or {}).get("created") or now_ns(),
+                                   "group": op["group"], "reply": op.get("reply")}
+            return True
+        if kind == "consumer_del":
+            self.consumers.pop("%s %s %s" % (op["acc"], op["stream"], op["name"]), None)
+            return True
+        if kind == "peer_remove":
+            self.removed.add(op["peer"])
+            return True
+        return False
+
+    def snapshot_bytes(self) -> bytes:
+        return json.dumps({"streams": self.streams, "consumers": self.consumers,
+                           "removed": sorted(self.removed)},
+                          separators=(",", ":")).encode()
+
+    def restore(self, storage: RaftStorage, index: int, term: int) -> None:
+        try:
+            d = json.loads(storage.snapshot_bytes() or b"{}")
+        except ValueError:
+            d = {}
+        self.streams = d.get("streams", {})
+        self.consumers = d.get("consumers", {})
+        self.removed = set(d.get("removed", []))
+        self.cluster.reconcile()
+
+    def leader_changed(self, leader, term: int) -> None:
+        self.cluster.meta_leader_changed(leader, term)
+
+
+class JetStreamCluster:
+    """The clustered side of a JetStream server (created by the engine when the server
+    has a cluster block)."""
+
+    def __init__(self, js):
+        self.js = js
+        self.server = js.server
+        self.name = self.server.cluster.name
+        self.me = peer_id(self.server.name)
+        self.transport = Transport(self)
+        self.nodes: dict[str, NodeInfo] = {}
+        self.meta: RaftService | None = None
+        self.state = MetaState(self)
+        self.replicas: dict[str, object] = {}      # group name -> replica (stream/consumer)
+        self._nursery: trio.Nursery | None = None
+        self._meta_scope = trio.CancelScope()
+        self._bootstrapped = trio.Event()
+        self._leader_event = trio.Event()
+        self.meta_dir = os.path.join(js.store_dir, self.server.system_account.name, "_js_",
+                                     META)
+        self.tags = list(getattr(self.server.opts, "server_tags", ()) or ())
+        self.started = trio.current_time()
+
+    # ---- running ----------------------------------------------------------------------
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self.transport.install()
+            sys_acc = self.server.system_account
+            self.js.subscribe(sys_acc, b"$JSC.INFO", self._on_info)
+            self.js.subscribe(sys_acc, b"$JSC.JOIN.%s" % self.me.encode(), self._on_join)
+            self.js.subscribe(sys_acc, b"$JSC.SINFO.*", self._on_stream_info_request)
+            from natsjs.jetstream.cluster_api import on_consumer_info_request
+            self.js.subscribe(sys_acc, b"$JSC.CINFO.*",
+                              lambda *a: on_consumer_info_request(self, *a))
+            nursery.start_soon(self._info_loop)
+            nursery.start_soon(self._meta_loop)
+            task_status.started()
+
+    def stop(self) -> None:
+        for rep in list(self.replicas.values()):
+            try:
+                rep.stop()
+            except Exception as exc:   # pragma: no cover - shutting down anyway
+                self.server.log.error("JetStream cluster: stopping %s: %r", rep, exc)
+        self.replicas.clear()
+
+    # ---- who is out there ---------------------------------------------------------------
+
+    def _info(self) -> dict:
+        js = self.js
+        mem, store = js.memory_used(), js.store_used()
+        meta = {}
+        if self.meta is not None:
+            meta = {"leader": self.meta.leader, "term": self.meta.term,
+                    "peers": sorted(self._meta_voters())}
+        return {"peer": self.me, "name": self.server.name, "cluster": self.name,
+                "tags": self.tags, "natsjs": True,
+                "js": {"max_memory": js.max_memory, "max_store": js.max_store,
+                       "memory": mem, "store": store},
+                "known": sorted(self.js_peers()),
+                "meta": meta}
+
+    async def _info_loop(self) -> None:
+        while True:
+            self._publish_info()
+            await trio.sleep(INFO_INTERVAL)
+
+    def _publish_info(self) -> None:
+        self.server.deliver(self.server.system_account, b"$JSC.INFO", None,
+                            json.dumps(self._info(), separators=(",", ":")).encode())
+
+    def _on_info(self, sub, subject, reply, hdr, msg) -> None:
+        try:
+            d = json.loads(msg)
+            peer = d["peer"]
+        except (ValueError, KeyError, TypeError):
+            return
+        first = peer not in self.nodes
+        n = self.nodes.get(peer) or NodeInfo(peer)
+        n.name = d.get("name", "")
+        n.cluster = d.get("cluster", "")
+        n.tags = d.get("tags") or []
+        n.js = d.get("js") or {}
+        n.known = d.get("known") or []
+        n.meta = d.get("meta") or {}
+        n.seen = trio.current_time()
+        self.nodes[peer] = n
+        if first and peer != self.me:
+            # Answer at once so a new server learns about us without waiting a second.
+            self._publish_info()
+
+    def js_peers(self) -> set[str]:
+        """Peers of the JetStream cluster this server knows (itself included)."""
+        now = trio.current_time()
+        out = {self.me}
+        for p, n in self.nodes.items():
+            if n.cluster == self.name and n.online(now) and p not in self.state.removed:
+                out.add(p)
+        return out
+
+    def node_name(self, peer: str) -> str:
+        if peer == self.me:
+            return self.server.name
+        n = self.nodes.get(peer)
+        return n.name if n is not None else peer
+
+    def peer_of_name(self, name: str) -> str | None:
+        if name == self.server.name:
+            return self.me
+        for p, n in self.nodes.items():
+            if n.name == name:
+                return p
+        return None
+
+    def online(self, peer: str) -> bool:
+        if peer == self.me:
+            return True
+        n = self.nodes.get(peer)
+        return n is not None and n.online(trio.current_time())
+
+    # ---- the meta group -----------------------------------------------------------------
+
+    def _expected_size(self) -> int:
+        """How many servers to wait for before forming the meta group the first time:
+        the configured routes name the rest of the cluster (as the documentation's
+        configurations do; a route to ourselves does not count)."""
+        from urllib.parse import urlsplit
+        cl = self.server.cluster
+        own_host = (cl.copts.host or "0.0.0.0")
+        local = {own_host, "127.0.0.1", "localhost", "0.0.0.0", "::1", "::"}
+        others = set()
+        for r in cl.copts.routes:
+            u = urlsplit(r if "://" in r else "nats-route://" + r)
+            if u.port == (cl.port or cl.copts.port) and (u.hostname or "") in local:
+                continue
+            others.add((u.hostname, u.port))
+        return len(others) + 1
+
+    async def _meta_loop(self) -> None:
+        files = DirFiles(self.meta_dir)
+        state = files.read_json("state.json")
+        peers = None
+        if not state or not state.get("peers"):
+            peers = await self._bootstrap()
+        await self._start_meta(files, peers)
+
+    async def _bootstrap(self) -> list[str]:
+        """Form the meta group the first time: wait until the JetStream servers this one
+        knows all know the same set (and it is as large as the configured routes say),
+        so every one of them starts the group with the same members.  A server that
+        finds a meta group already running asks its leader to be added instead."""
+        want = self._expected_size()
+        stable_since = None
+        last = None
+        while True:
+            now = trio.current_time()
+            for n in self.nodes.values():
+                if n.meta.get("leader") and n.online(now) and n.peer != self.me:
+                    # A group exists: join it (an empty start; the leader adds us).
+                    self.server.log.info("JetStream cluster: joining the existing meta "
+                                         "group (leader %s)", self.node_name(n.meta["leader"]))
+                    return []
+            known = self.js_peers()
+            agree = all(set(self.nodes[p].known) == known for p in known if p != self.me
+                        and p in self.nodes)
+            if known != last:
+                last = known
+                stable_since = now
+            if now - getattr(self, "_last_dbg", 0) > 2:
+                self._last_dbg = now
+                self.server.log.debug("JetStream cluster: waiting to form the meta group: "
+                                      "know %s, want %d, agree %s", sorted(known), want, agree)
+            if len(known) >= want and agree and now - stable_since >= BOOTSTRAP_STABLE:
+                self.server.log.info("JetStream cluster: forming the meta group with %s",
+                                     ", ".join(sorted(self.node_name(p) for p in known)))
+                return sorted(known)
+            await trio.sleep(0.1)
+
+    async def _start_meta(self, files: DirFiles, peers) -> None:
+        from natsjs._core.filelog import FileLog
+        log = FileLog(os.path.join(self.meta_dir, "log"))
+        storage = RaftStorage(log, files)
+        transport, inbox = self.transport.attach(META)
+        self.meta = RaftService(self.me, storage, transport, self.state,
+                                peers=peers or (), config=RaftConfig(), fsync=self.js.fsync)
+        if peers == []:
+            self._nursery.start_soon(self._ask_to_join)
+        self._bootstrapped.set()
+        await self.meta.run(inbox)
+
+    async def _ask_to_join(self) -> None:
+        """Until we are a member: ask the meta leader (from the INFO it sends) to add us."""
+        while self.meta is not None and self.me not in self._meta_voters():
+            leader = None
+            for n in self.nodes.values():
+                if n.meta.get("leader"):
+                    leader = n.meta["leader"]
+            if leader and leader != self.me:
+                self.server.deliver(self.server.system_account,
+                                    b"$JSC.JOIN.%s" % leader.encode(), None,
+                                    json.dumps({"peer": self.me}).encode())
+            await trio.sleep(1.0)
+
+    def _meta_voters(self) -> set:
+        if self.meta is None:
+            return set()
+        return set(self.meta.node.voters)
+
+    def _on_join(self, sub, subject, reply, hdr, msg) -> None:
+        if self.meta is None or not self.meta.is_leader():
+            return
+        try:
+            peer = json.loads(msg)["peer"]
+        except (ValueError, KeyError, TypeError):
+            return
+        if peer in self._meta_voters() or peer in self.state.removed:
+            return
+        try:
+            self.meta.add_peer(peer)
+            self.server.log.info("JetStream cluster: adding %s to the meta group",
+                                 self.node_name(peer))
+        except Exception as exc:
+            self.server.log.debug("JetStream cluster: add %s later: %r", peer, exc)
+
+    def meta_leader_changed(self, leader, term: int) -> None:
+        if leader is not None:
+            self.server.log.info("JetStream cluster new metadata leader: %s/%s",
+                                 self.node_name(leader), self.name)
+            ev, self._leader_event = self._leader_event, trio.Event()
+            ev.set()
+        if leader == self.me:
+            self._nursery.start_soon(self._after_election)
+
+    async def _after_election(self) -> None:
+        """A new meta leader re-places what lost peers to servers removed meanwhile."""
+        await trio.sleep(0)
+
+    @property
+    def meta_leader(self):
+        return self.meta.leader if self.meta is not None else None
+
+    def is_meta_leader(self) -> bool:
+        return self.meta is not None and self.meta.is_leader()
+
+    def leaderless(self) -> bool:
+        return self.meta is None or self.meta.leader is None
+
+    async def propose_meta(self, op: dict) -> None:
+        """Propose an assignment and wait until this server has applied it."""
+        index = self.meta.propose(json.dumps(op, separators=(",", ":")).encode())
+        with trio.fail_after(10):
+            await self.meta.wait_applied(index)
+        if self.state.applied_since_snapshot >= META_SNAPSHOT_EVERY and self.meta.is_leader():
+            self.state.applied_since_snapshot = 0
+            await self.meta.compact(self.meta.applied, self.state.snapshot_bytes())
+
+    # ---- making local state match the assignments ---------------------------------------
+
+    def reconcile(self) -> None:
+        """Start the replicas this server is assigned, stop those it no longer is."""
+        from natsjs.jetstream.replicated import ReplicatedStream, ReplicatedConsumer
+        want = {}
+        for key, sa in self.state.streams.items():
+            if self.me in sa["group"]["peers"]:
+                want[sa["group"]["name"]] = ("stream", sa)
+        for key, ca in self.state.consumers.items():
+            if self.me in ca["group"]["peers"]:
+                want[ca["group"]["name"]] = ("consumer", ca)
+        for g in [g for g in self.replicas if g not in want]:
+            rep = self.replicas.pop(g)
+            rep.stop(delete=True)
+        for g, (kind, a) in want.items():
+            rep = self.replicas.get(g)
+            if rep is None:
+                if kind == "stream":
+                    rep = ReplicatedStream.create(self, a)
+                else:
+                    srep = self.stream_replica(a["acc"], a["stream"])
+                    if srep is None:
+                        continue    # the stream's replica comes first
+                    rep = ReplicatedConsumer.create(self, srep, a)
+                if rep is None:
+                    continue
+                self.replicas[g] = rep
+            else:
+                rep.assignment_changed(a)
+
+    def stream_replica(self, acc: str, name: str):
+        for rep in self.replicas.values():
+            if getattr(rep, "kind", "") == "stream" and rep.acc_name == acc and \
+                    rep.name == name:
+                return rep
+        return None
+
+    # ---- placement ------------------------------------------------------------------------
+
+    def candidates(self) -> list[Candidate]:
+        now = trio.current_time()
+        out = []
+        js = self.js
+        members = self._meta_voters() or {self.me}
+        counts: dict[str, list] = {}
+        for sa in self.state.streams.values():
+            for p in sa["group"]["peers"]:
+                c = counts.setdefault(p, [0, 0])
+                c[0] += 1
+                if len(sa["group"]["peers"]) > 1:
+                    c[1] += 1
+        for p in members:
+            if p in self.state.removed:
+                continue
+            if p == self.me:
+                info = {"max_memory": js.max_memory, "max_store": js.max_store,
+                        "memory": js.memory_used(), "store": js.store_used()}
+                online, tags, name = True, self.tags, self.server.name
+            else:
+                n = self.nodes.get(p)
+                if n is None:
+                    continue
+                info, online, tags, name = n.js, n.online(now), n.tags, n.name
+            c = counts.get(p, [0, 0])
+            out.append(Candidate(id=p, name=name, cluster=self.name, tags=frozenset(tags),
+                                 online=online, max_memory=info.get("max_memory", 0),
+                                 max_store=info.get("max_store", 0),
+                                 memory=info.get("memory", 0), store=info.get("store", 0),
+                                 streams=c[0], ha_assets=c[1]))
+        return out
+
+    def place(self, cfg: dict, existing=(), ignore=()) -> list[str]:
+        r = cfg.get("num_replicas") or 1
+        placement = cfg.get("placement") or {}
+        cluster = placement.get("cluster") or self.name
+        try:
+            return select_peers(r, cluster, cfg, self.candidates(), existing=list(existing),
+                                ignore=list(ignore), unique_tag=self.js.opts.unique_tag,
+                                max_ha_assets=self.js.opts.limits.max_ha_assets)
+        except PlacementError as err:
+            raise ApiError.of("JSClusterNoPeersErrF", err=str(err)) from None
+
+    # ---- info for monitoring and stream info ------------------------------------------------
+
+    def cluster_info(self, rep) -> dict:
+        """The ``cluster`` block of stream and consumer info (server/jetstream_cluster.go
+        clusterInfo): name, leader, and every other replica's state."""
+        out = {"name": self.name}
+        svc = rep.raft if rep is not None else None
+        if svc is None:
+            return out
+        leader = svc.leader
+        if leader is not None:
+            out["leader"] = self.node_name(leader)
+        replicas = []
+        info = {p["name"]: p for p in svc.peer_info()} if svc.is_leader() else {}
+        for p in rep.peers:
+            if p == leader:
+                continue
+            pi = info.get(p, {})
+            entry = {"name": self.node_name(p), "current": bool(pi.get("current", False))}
+            if not self.online(p) or pi.get("offline"):
+                entry["offline"] = True
+            active = pi.get("active")
+            if active is not None:
+                entry["active"] = int(active * 1e9)
+            if pi.get("lag"):
+                entry["lag"] = pi["lag"]
+            replicas.append(entry)
+        if replicas:
+            out["replicas"] = replicas
+        return out
+
+    def meta_cluster_info(self) -> dict:
+        """/jsz's ``meta_cluster`` (server/monitor.go MetaClusterInfo)."""
+        out = {"name": self.name}
+        if self.meta is None:
+            out["cluster_size"] = 0
+            return out
+        leader = self.meta.leader
+        if leader is not None:
+            out["leader"] = self.node_name(leader)
+        out["peer"] = self.me
+        info = {p["name"]: p for p in self.meta.peer_info()} if self.meta.is_leader() else {}
+        replicas = []
+        for p in sorted(self._meta_voters()):
+            if p == leader:
+                continue
+            pi = info.get(p, {})
+            entry = {"name": self.node_name(p), "current": bool(pi.get("current")),
+                     "peer": p}
+            if not self.online(p):
+                entry["offline"] = True
+            if pi.get("active") is not None:
+                entry["active"] = int(pi["active"] * 1e9)
+            if pi.get("lag"):
+                entry["lag"] = pi["lag"]
+            replicas.append(entry)
+        if replicas:
+            out["replicas"] = replicas
+        out["cluster_size"] = len(self._meta_voters())
+        out["pending"] = 0
+        return out
+
+    # ---- stream info across the cluster (for listings by the meta leader) -----------------
+
+    def _on_stream_info_request(self, sub, subject, reply, hdr, msg) -> None:
+        if not reply:
+            return
+        try:
+            req = json.loads(msg)
+            rep = self.stream_replica(req["acc"], req["name"])
+        except (ValueError, KeyError, TypeError):
+            return
+        if rep is None or not rep.is_leader():
+            return
+        self.server.deliver(self.server.system_account, reply, None,
+                            json.dumps(rep.stream.info(), separators=(",", ":")).encode())
+
+    async def remote_stream_info(self, acc: str, name: str, timeout: float = 2.0):
+        """Stream info from the stream's leader, wherever it is (None if it does not
+        answer in time)."""
+        rep = self.stream_replica(acc, name)
+        if rep is not None and rep.is_leader():
+            return rep.stream.info()
+        return await self.request(b"$JSC.SINFO.%s" % self.me.encode(),
+                                  {"acc": acc, "name": name}, timeout)
+
+    async def request(self, subject: bytes, payload: dict, timeout: float):
+        """A request in the system account from server code; the decoded JSON reply."""
+        sys_acc = self.server.system_account
+        inbox = b"_INBOX.JSC.%s.%d" % (self.me.encode(), random.getrandbits(48))
+        got = []
+        ev = trio.Event()
+
+        def on_reply(sub, subj, reply, hdr, msg):
+            if not got:
+                got.append(msg)
+                ev.set()
+        sub = self.js.subscribe(sys_acc, inbox, on_reply)
+        try:
+            self.server.deliver(sys_acc, subject, inbox,
+                                json.dumps(payload, separators=(",", ":")).encode())
+            with trio.move_on_after(timeout):
+                await ev.wait()
+        finally:
+            self.js.unsubscribe(sys_acc, sub)
+        if not got:
+            return None
+        try:
+            return json.loads(got[0])
+        except ValueError:
+            return None
+
+
+__all__ = ["JetStreamCluster", "peer_id", "group_name", "rfc3339_nano"]

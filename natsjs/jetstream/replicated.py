@@ -1,0 +1,503 @@
+"""Replicated streams and consumers: a stream (or consumer) whose state is a Raft log.
+
+Where it sits in a message's path (DESIGN.md, for R3/R5): the stream leader's capture
+(natsjs/jetstream/stream.py) queues the publish; its ingest task proposes the batch to
+the stream's Raft group instead of storing it; the group replicates the entries and
+commits them once a quorum has them fsynced (natsjs/jetstream/raft_driver.py); every
+replica then applies the committed entries in order to its own store through the same
+``Stream.process`` a single server uses, so all replicas decide alike (the entry
+carries its timestamp; duplicates are judged against it); the leader sends the PubAck
+from what the apply returned.  Reads (consumers, direct gets) see only applied entries:
+committed data.
+
+The Raft log is the durable record; the store is not fsynced per entry.  Every
+``SNAPSHOT_EVERY`` entries the store is fsynced and the log compacted to a snapshot
+that says how far the store goes; on a restart the store is cut back to that point and
+the log after it is applied again.
+
+A consumer of a replicated stream has its own group on the same peers: its leader
+delivers and proposes what changes its state (acknowledgements, delivered positions),
+and every replica applies them, so a new consumer leader knows what was acknowledged.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import trio
+
+from natsjs._core.filelog import FileLog
+from natsjs.jetstream.errors import ApiError
+from natsjs.jetstream.raft import NotLeader, RaftConfig
+from natsjs.jetstream.raft_driver import DirFiles, RaftService, RaftStorage, StateMachine
+from natsjs.jetstream.store import (META, MSGS, OBS, ConsumerState, MemConsumerStore,
+                                    open_message_log, write_json_atomic, _apply_op,
+                                    OP_ACK, OP_FLOOR)
+from natsjs.jetstream.stream import Stream
+
+SNAPSHOT_EVERY = 8192
+_MSG = struct.Struct("<qHI")          # ts, subject length, header length (or NO_HDR)
+NO_HDR = 0xFFFFFFFF
+E_MSG = b"M"
+E_OP = b"J"
+
+
+def encode_msg(subject: bytes, hdr: bytes | None, msg: bytes, ts: int) -> bytes:
+    return b"".join((E_MSG, _MSG.pack(ts, len(subject), NO_HDR if hdr is None else len(hdr)),
+                     subject, hdr or b"", msg))
+
+
+def decode_msg(data: bytes):
+    ts, slen, hlen = _MSG.unpack_from(data, 1)
+    p = 1 + _MSG.size
+    subject = data[p:p + slen]
+    p += slen
+    if hlen == NO_HDR:
+        hdr = None
+    else:
+        hdr = data[p:p + hlen]
+        p += hlen
+    return subject, hdr, data[p:], ts
+
+
+class ReplicatedStream(StateMachine):
+    """This server's replica of a stream of the cluster."""
+
+    kind = "stream"
+
+    @classmethod
+    def create(cls, cluster, sa: dict):
+        jsa = cluster.js.accounts.get(sa["acc"])
+        if jsa is None:
+            cluster.server.log.error("JetStream cluster: stream '%s > %s' is assigned here but "
+                                     "the account has no JetStream on this server",
+                                     sa["acc"], sa["cfg"]["name"])
+            return None
+        try:
+            return cls(cluster, jsa, sa)
+        except OSError as exc:
+            cluster.server.log.error("JetStream cluster: cannot start stream '%s > %s': %s",
+                                     sa["acc"], sa["cfg"]["name"], exc)
+            return None
+
+    def __init__(self, cluster, jsa, sa: dict):
+        self.cluster = cluster
+        self.js = cluster.js
+        self.server = cluster.server
+        self.jsa = jsa
+        self.acc_name = sa["acc"]
+        cfg = sa["cfg"]
+        self.name = cfg["name"]
+        self.group = sa["group"]["name"]
+        self.peers = list(sa["group"]["peers"])
+        self.sa = sa
+        self.path = os.path.join(jsa.dir, "streams", self.name)
+        os.makedirs(os.path.join(self.path, MSGS), exist_ok=True)
+        write_json_atomic(os.path.join(self.path, META),
+                          {"config": cfg, "created": sa["created"], "group": sa["group"]})
+        store = open_message_log(os.path.join(self.path, MSGS) if cfg["storage"] == "file"
+                                 else None, cfg)
+        self.stream = Stream(jsa, cfg, sa["created"], store, self.path)
+        self.stream.replica = self
+        self._replies: dict[int, bytes] = {}       # raft index -> reply (leader)
+        self._waiters: dict[int, list] = {}        # raft index -> [event, result] (ops)
+        self._answered_create = False
+        self._scope = trio.CancelScope()
+        self.closed = False
+        self._snapshotting = False
+        self._since_snapshot = 0
+        files = DirFiles(os.path.join(self.path, "raft"))
+        log = FileLog(os.path.join(self.path, "raft", "log"))
+        storage = RaftStorage(log, files)
+        transport, self._inbox = cluster.transport.attach(self.group)
+        # The store goes back to where the last snapshot says it was; the log after
+        # that point is applied again (restore() first, if there is a snapshot).
+        self._reset_store(None)
+        self.raft = RaftService(cluster.me, storage, transport, self, peers=self.peers,
+                                config=RaftConfig(), fsync=self.js.fsync)
+        jsa.streams[self.name] = self.stream
+        self.js.start_stream(self.stream)
+        self.js.spawn(self._run)
+
+    async def _run(self) -> None:
+        with self._scope:
+            await self.raft.run(self._inbox)
+
+    def __repr__(self) -> str:
+        return "stream %s > %s (%s)" % (self.acc_name, self.name, self.group)
+
+    # ---- leadership ------------------------------------------------------------------
+
+    def is_leader(self) -> bool:
+        return self.raft.is_leader()
+
+    def leader_changed(self, leader, term: int) -> None:
+        stream = self.stream
+        if leader == self.cluster.me:
+            self.server.log.info("JetStream cluster new stream leader for '%s > %s'",
+                                 self.acc_name, self.name)
+            stream._rebuild_state()
+            stream.lseq = stream.store.last_seq
+            stream._subscribe_capture()
+            if not self._answered_create and self.sa.get("reply"):
+                self._answered_create = True
+                self._answer_create()
+        else:
+            stream._unsubscribe_capture()
+            self._replies.clear()
+        for c in stream.consumers.values():
+            c.signal()
+
+    def _answer_create(self) -> None:
+        """The stream's first leader answers the create request (as nats-server's does)."""
+        reply = self.sa["reply"].encode()
+        resp = {"type": "io.nats.jetstream.api.v1.stream_create_response",
+                **self.stream.info(), "did_create": True}
+        self.server.deliver(self.jsa.account, reply, None,
+                            json.dumps(resp, separators=(",", ":")).encode())
+
+    # ---- the write path: propose, then apply -------------------------------------------
+
+    def propose_batch(self, batch: list) -> None:
+        """The leader's ingest: every queued publish becomes one entry."""
+        datas = []
+        replies = []
+        ts = self.stream._batch_ts
+        for subject, reply, hdr, msg in batch:
+            if reply is not None and reply.__class__ is not bytes:
+                continue          # sourcing handlers are not replicated (yet)
+            datas.append(encode_msg(subject, hdr, msg, ts))
+            replies.append(reply)
+        if not datas:
+            return
+        try:
+            last = self.raft.propose_many(datas)
+        except NotLeader:
+            return                # clients time out and retry; nothing was accepted
+        first = last - len(datas) + 1
+        for i, reply in enumerate(replies):
+            if reply:
+                self._replies[first + i] = reply
+
+    async def propose_op(self, op: dict, timeout: float = 5.0):
+        """Propose an operation (purge, delete) and wait for its result at apply."""
+        index = self.raft.propose(E_OP + json.dumps(op, separators=(",", ":")).encode())
+        ev = trio.Event()
+        slot = [ev, None]
+        self._waiters[index] = slot
+        with trio.move_on_after(timeout):
+            await ev.wait()
+        self._waiters.pop(index, None)
+        if not ev.is_set():
+            raise ApiError.of("JSClusterNotAvailErr")
+        if isinstance(slot[1], ApiError):
+            raise slot[1]
+        return slot[1]
+
+    def apply(self, entries: list) -> None:
+        stream = self.stream
+        replies = []
+        for index, term, data in entries:
+            kind = data[:1]
+            if kind == E_MSG:
+                subject, hdr, msg, ts = decode_msg(data)
+                reply = self._replies.pop(index, None)
+                stream._batch_ts = ts
+                stream._budget = 1 << 62
+                try:
+                    out = stream.process(subject, reply or b"_", hdr, msg, ts)
+                except Exception as exc:   # never let one entry stop the group
+                    self.server.log.error("JetStream cluster: applying to '%s > %s': %r",
+                                          self.acc_name, self.name, exc)
+                    out = None
+                if reply and out is not None:
+                    replies.append((reply, out))
+            elif kind == E_OP:
+                result = self._apply_op(json.loads(data[1:]))
+                slot = self._waiters.get(index)
+                if slot is not None:
+                    slot[1] = result
+                    slot[0].set()
+            self._since_snapshot += 1
+        stream.lseq = stream.store.last_seq
+        stream.synced_seq = stream.store.last_seq
+        if replies:
+            stream._send_replies(replies)
+        stream._signal_consumers()
+        if self._since_snapshot >= SNAPSHOT_EVERY and not self._snapshotting:
+            self._snapshotting = True
+            self.js.spawn(self._snapshot)
+
+    def _apply_op(self, op: dict):
+        stream = self.stream
+        kind = op.get("op")
+        try:
+            if kind == "purge":
+                return stream.purge(op.get("filter", ""), op.get("seq", 0), op.get("keep", 0))
+            if kind == "delete":
+                return stream.delete_msg(op["seq"], op.get("erase", False))
+        except ApiError as err:
+            return err
+        return None
+
+    # ---- snapshots and restarts ----------------------------------------------------------
+
+    def _state(self) -> dict:
+        st = self.stream.store.state()
+        return {"first_seq": st["first_seq"], "last_seq": st["last_seq"],
+                "messages": st["messages"]}
+
+    async def _snapshot(self) -> None:
+        """Make the store durable, then let the log forget what it holds."""
+        try:
+            store = self.stream.store
+            index = self.raft.applied
+            state = self._state()
+            if self.stream.is_file:
+                s = store.begin_sync()
+                await self.js.fsync(s)
+                store.mark_synced(s)
+            await self.raft.compact(index, json.dumps(state).encode())
+            self._since_snapshot = 0
+        except Exception as exc:
+            self.server.log.error("JetStream cluster: snapshot of '%s > %s' failed: %r",
+                                  self.acc_name, self.name, exc)
+        finally:
+            self._snapshotting = False
+
+    def _reset_store(self, state) -> None:
+        """Cut the store back to a snapshot's state (or to empty without one)."""
+        store = self.stream.store
+        last = state["last_seq"] if state else (self.stream.cfg.get("first_seq") or 1) - 1
+        if store.last_seq > last:
+            store.truncate(last)
+        self.stream.lseq = store.last_seq
+        self.stream.synced_seq = store.last_seq
+
+    def restore(self, storage: RaftStorage, index: int, term: int) -> None:
+        try:
+            state = json.loads(storage.snapshot_bytes() or b"{}")
+        except ValueError:
+            state = {}
+        if state.get("last_seq") is not None:
+            store = self.stream.store
+            if store.last_seq < state["last_seq"]:
+                # Behind the snapshot: what we miss comes from the leader (catch-up);
+                # until then the sequence continues where the snapshot says.
+                self.server.log.warn("JetStream cluster: stream '%s > %s' is behind its "
+                                     "snapshot (%d < %d); catching up", self.acc_name,
+                                     self.name, store.last_seq, state["last_seq"])
+                self.js.spawn(self._catch_up, store.last_seq + 1, state["last_seq"])
+            else:
+                self._reset_store(state)
+
+    async def _catch_up(self, first: int, last: int) -> None:
+        from natsjs.jetstream import catchup
+        await catchup.fetch(self, first, last)
+
+    # ---- membership and lifecycle ----------------------------------------------------------
+
+    def assignment_changed(self, sa: dict) -> None:
+        self.sa = sa
+        old_peers = self.peers
+        self.peers = list(sa["group"]["peers"])
+        if sa["cfg"] != self.stream.cfg:
+            self.stream.config_for_update(sa["cfg"])
+        if self.is_leader():
+            for p in self.peers:
+                if p not in old_peers:
+                    try:
+                        self.raft.add_peer(p)
+                    except Exception as exc:
+                        self.server.log.debug("JetStream cluster: add peer %s: %r", p, exc)
+            for p in old_peers:
+                if p not in self.peers:
+                    try:
+                        self.raft.remove_peer(p)
+                    except Exception as exc:
+                        self.server.log.debug("JetStream cluster: remove peer %s: %r", p, exc)
+
+    def stop(self, delete: bool = False) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._scope.cancel()
+        self.cluster.transport.detach(self.group)
+        if self.jsa.streams.get(self.name) is self.stream:
+            del self.jsa.streams[self.name]
+        self.stream.stop(delete=delete)
+        try:
+            self.raft.storage.close()
+        except Exception:
+            pass
+
+    # ---- info ------------------------------------------------------------------------------
+
+    def cluster_info(self) -> dict:
+        return self.cluster.cluster_info(self)
+
+
+class ReplicatedConsumer(StateMachine):
+    """This server's replica of a consumer of a replicated stream."""
+
+    kind = "consumer"
+
+    @classmethod
+    def create(cls, cluster, srep: ReplicatedStream, ca: dict):
+        try:
+            return cls(cluster, srep, ca)
+        except OSError as exc:
+            cluster.server.log.error("JetStream cluster: cannot start consumer '%s > %s > %s': "
+                                     "%s", ca["acc"], ca["stream"], ca["name"], exc)
+            return None
+
+    def __init__(self, cluster, srep: ReplicatedStream, ca: dict):
+        from natsjs.jetstream.consumer import Consumer
+        self.cluster = cluster
+        self.js = cluster.js
+        self.server = cluster.server
+        self.srep = srep
+        self.ca = ca
+        self.name = ca["name"]
+        self.group = ca["group"]["name"]
+        self.peers = list(ca["group"]["peers"])
+        self.closed = False
+        self._scope = trio.CancelScope()
+        self._answered_create = False
+        self._waiters: dict[int, list] = {}
+        stream = srep.stream
+        self.path = os.path.join(srep.path, OBS, self.name)
+        os.makedirs(self.path, exist_ok=True)
+        write_json_atomic(os.path.join(self.path, META),
+                          {"config": ca["cfg"], "created": ca["created"], "group": ca["group"]})
+        self.consumer = Consumer(stream, ca["cfg"], self.name, ca["created"],
+                                 ReplicaStateStore(self))
+        self.consumer.replica = self
+        self.consumer._leading = False
+        files = DirFiles(os.path.join(self.path, "raft"))
+        log = FileLog(os.path.join(self.path, "raft", "log"))
+        storage = RaftStorage(log, files)
+        transport, self._inbox = cluster.transport.attach(self.group)
+        self.raft = RaftService(cluster.me, storage, transport, self, peers=self.peers,
+                                config=RaftConfig(), fsync=self.js.fsync)
+        stream.add_consumer(self.consumer)
+        self.js.spawn(self._run)
+
+    async def _run(self) -> None:
+        with self._scope:
+            await self.raft.run(self._inbox)
+
+    def __repr__(self) -> str:
+        return "consumer %s > %s > %s" % (self.ca["acc"], self.ca["stream"], self.name)
+
+    def is_leader(self) -> bool:
+        return self.raft.is_leader()
+
+    def leader_changed(self, leader, term: int) -> None:
+        c = self.consumer
+        c.set_active_leader(leader == self.cluster.me)
+        if leader == self.cluster.me and not self._answered_create and self.ca.get("reply"):
+            self._answered_create = True
+            resp = {"type": "io.nats.jetstream.api.v1.consumer_create_response", **c.info()}
+            self.server.deliver(self.srep.jsa.account, self.ca["reply"].encode(), None,
+                                json.dumps(resp, separators=(",", ":")).encode())
+
+    # ---- state changes through the log ----------------------------------------------------
+
+    def propose_state(self, op: int, a: int, b: int) -> int | None:
+        try:
+            return self.raft.propose(b"S" + struct.pack("<BQQ", op, a, b))
+        except NotLeader:
+            return None
+
+    def apply(self, entries: list) -> None:
+        c = self.consumer
+        for index, term, data in entries:
+            if data[:1] == b"S":
+                op, a, b = struct.unpack_from("<BQQ", data, 1)
+                if not self.is_leader():
+                    # The leader applied it when it happened; followers catch up here.
+                    _apply_op(c.st, op, a, b)
+                    if op == OP_DELIVERED:
+                        if a > c.st.sseq:
+                            c.st.sseq = a
+                        if b > c.st.dseq:
+                            c.st.dseq = b
+                    elif op == OP_ACK and c.stream.cfg["retention"] != "limits":
+                        # Interest and work queues: every replica drops what is acked.
+                        c.stream.check_interest_retention(a)
+            slot = self._waiters.pop(index, None)
+            if slot is not None:
+                slot[0].set()
+
+    async def wait_committed(self, index: int, timeout: float = 5.0) -> bool:
+        ev = trio.Event()
+        self._waiters[index] = [ev]
+        with trio.move_on_after(timeout):
+            await ev.wait()
+        return ev.is_set()
+
+    def restore(self, storage: RaftStorage, index: int, term: int) -> None:
+        try:
+            d = json.loads(storage.snapshot_bytes() or b"{}")
+            if d:
+                self.consumer.st = ConsumerState.from_json(d)
+        except (ValueError, KeyError):
+            pass
+
+    def assignment_changed(self, ca: dict) -> None:
+        self.ca = ca
+        if ca["cfg"] != self.consumer.cfg:
+            self.consumer.update_config(ca["cfg"])
+
+    def stop(self, delete: bool = False) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._scope.cancel()
+        self.cluster.transport.detach(self.group)
+        self.consumer.stop(delete=delete)
+        try:
+            self.raft.storage.close()
+        except Exception:
+            pass
+        if delete:
+            import shutil
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def cluster_info(self) -> dict:
+        return self.cluster.cluster_info(self)
+
+
+OP_DELIVERED = 3
+
+
+class ReplicaStateStore(MemConsumerStore):
+    """A replicated consumer's state store: changes go to the consumer's Raft group;
+    an acknowledgement that asks for a reply is answered once its entry is committed."""
+
+    durable = True
+    inline = True        # snapshot() proposes, so it runs on the event loop
+
+    def __init__(self, rep: ReplicatedConsumer):
+        self.rep = rep
+        self._last = None
+
+    def record(self, op: int, a: int, b: int) -> None:
+        self._last = self.rep.propose_state(op, a, b)
+
+    def dirty(self) -> bool:
+        return self._last is not None
+
+    async def sync(self) -> None:
+        index = self._last
+        self._last = None
+        if index is not None:
+            if not await self.rep.wait_committed(index):
+                raise OSError("consumer state not committed in time")
+
+    def snapshot(self, state: ConsumerState) -> None:
+        # The delivered position is part of the group's state: followers learn it so a
+        # new leader does not start over from the ack floor.
+        self.rep.propose_state(OP_DELIVERED, state.sseq, state.dseq)
