@@ -36,6 +36,7 @@ import trio
 from natsjs import NATS_VERSION, __version__
 from natsjs.options import (COMPRESSION_ACCEPT, COMPRESSION_OFF, COMPRESSION_S2_AUTO,
                             ClusterOptions)
+from natsjs.connection import PROTOCOL_VIOLATION
 from natsjs.route import DUPLICATE_ROUTE, ROUTE_REMOVED, Route, level_for_rtt
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -201,12 +202,23 @@ class Cluster:
                 sock.close()
             return None
 
-    async def _solicit_loop(self, s: Solicit) -> None:
+    async def _solicit_loop(self, s: Solicit, wait: float = 0.0) -> None:
+        """Dial ``s`` until a connection is made (explicit routes: forever), run it.
+
+        What happens after it closes is decided in ``_reconnect`` for every route,
+        dialled or accepted, as nats-server decides it in one place too.
+        """
         server = self.server
         copts = self.copts
         attempts = 0
         delay = CONNECT_DELAY
+        if wait:
+            await trio.sleep(wait)
         while not server.shutting_down:
+            if s.explicit and s.url not in self.copts.routes:
+                return     # removed from the configuration meanwhile (routeStillValid)
+            if s.account is not None and s.account not in self.pinned_accounts():
+                return     # no longer an account with a route of its own
             dialed = await self._dial(s.url)
             if dialed is None:
                 attempts += 1
@@ -216,23 +228,52 @@ class Cluster:
                 if copts.connect_backoff:
                     delay = min(delay * 2, CONNECT_MAX_DELAY)
                 continue
-            attempts, delay = 0, CONNECT_DELAY
             sock, addr = dialed
             server._cid += 1
             route = Route(self, sock, server._cid, addr, s)
             self.routes.add(route)
             await route.run()
-            if route.no_reconnect or server.shutting_down:
+            return
+
+    def _reconnect(self, route: Route) -> None:
+        """Redial a closed route if nats-server would (server/client.go
+        reconnect): dialled routes, and any connection a duplicate was resolved in
+        favour of (``retry``), since the peer may have kept the other one and
+        closed this; explicit routes after a second, all with up to 100 ms of jitter
+        so that two servers dialling each other fall out of step."""
+        s = route.solicit
+        if route.no_reconnect or self.server.shutting_down or self._nursery is None:
+            return
+        retry_implicit = route.retry or (route.did_solicit and s is not None
+                                         and not s.explicit)
+        if not (route.did_solicit or retry_implicit):
+            return
+        if s is None:
+            url = self._info_url(route.remote_info, route)
+            if not url:
                 return
-            if s.explicit and s.url not in self.copts.routes:
-                return
-            remote = self.remotes.get(route.remote_id)
-            if not s.explicit and remote is not None and (
-                    (s.account is None and None not in remote.pool and remote.pool)
-                    or (s.account is not None and s.account in remote.pinned)):
-                return   # another connection to that server holds this slot
-            # server/route.go reconnect: explicit routes after a second, with jitter.
-            await trio.sleep((RECONNECT_DELAY if s.explicit else 0) + random.random() * 0.1)
+            s = Solicit(url, explicit=False, account=route.account)
+        remote = self.remotes.get(route.remote_id)
+        if route.account is None and self.pool_size < 1 and remote is not None \
+                and remote.routes():
+            return     # no pooling: the one connection to that server is up again
+        if route.remote_id == self.server.server_id:
+            return
+        if s.explicit or retry_implicit:
+            wait = random.random() * 0.1 + (RECONNECT_DELAY if s.explicit else 0.0)
+            self._nursery.start_soon(self._solicit_loop,
+                                     Solicit(s.url, s.explicit, route.account), wait)
+
+    @staticmethod
+    def _info_url(info: dict, route: Route) -> str:
+        """Where a peer listens for routes: its advertised ``ip``, else the address it
+        connected from with the port it announced (processRouteInfo)."""
+        if info.get("ip"):
+            return str(info["ip"])
+        port = info.get("port")
+        if isinstance(port, int) and 0 < port < 65536:
+            return "nats-route://%s:%d/" % (route.host, port)
+        return ""
 
     # ---- reload -----------------------------------------------------------------------
 
@@ -354,33 +395,50 @@ class Cluster:
         info["lnocu"] = True
         if self.pool_size > 0:
             info["route_pool_size"] = self.pool_size
-        if with_slot and route.did_solicit and not initial and route.pool_idx > 0 \
+        if with_slot and route.dialled and not initial and route.pool_idx > 0 \
                 and route.account is None:
             info["route_pool_idx"] = route.pool_idx
-        if route.did_solicit and route.account is not None:
+        if route.dialled and route.account is not None:
             info["route_account"] = route.account
         return b"INFO " + json.dumps(info, separators=(",", ":")).encode() + b" \r\n"
 
     # ---- registration ------------------------------------------------------------
 
-    def _dialer(self, route: Route) -> str:
-        return self.server.server_id if route.did_solicit else route.remote_id
+    @staticmethod
+    def _duplicate(existing: Route | None, new: Route, no_reconnect: bool) -> None:
+        """``new`` lost to the connection already in its slot (route.go
+        handleDuplicateRoute): the one registered first is kept, whoever dialled it.
 
-    def _resolve_duplicate(self, existing: Route | None, new: Route) -> bool:
-        """Two connections for one slot (both servers dialled): True to keep ``new``.
-
-        Both ends must keep the same one, or each closes the other's survivor; so the
-        connection dialled by the server with the smaller id wins on both sides.
+        If both servers dialled at once, each may keep the other's connection and
+        close its own, so both go; the kept one is therefore marked to be redialled
+        (``retry``) and takes over the duplicate's URL if the duplicate was ours.
         """
-        if existing is None or existing.closed_reason is not None:
-            return True
-        if self._dialer(new) < self._dialer(existing):
-            existing.no_reconnect = True
-            existing.close(DUPLICATE_ROUTE)
-            return True
-        new.no_reconnect = True
+        if no_reconnect:
+            new.no_reconnect = True
         new.close(DUPLICATE_ROUTE)
-        return False
+        if existing is None:
+            return
+        if new.did_solicit and not existing.did_solicit:
+            existing.did_solicit = True
+            existing.solicit = new.solicit
+        if new.solicit is not None and new.solicit.explicit and existing.solicit is not None \
+                and not existing.solicit.explicit:
+            existing.solicit = dataclasses.replace(existing.solicit, explicit=True)
+        existing.retry = True
+
+    @staticmethod
+    def _upgrade_to_solicited(route: Route, s: Solicit | None) -> None:
+        """route.go upgradeRouteToSolicited: a pool shares the dialled URL."""
+        if route is None or s is None:
+            return
+        if not route.did_solicit or (s.explicit and not (route.solicit and
+                                                         route.solicit.explicit)):
+            route.solicit = Solicit(s.url, s.explicit, route.account)
+        route.did_solicit = True
+
+    @staticmethod
+    def _live(route: Route | None) -> Route | None:
+        return route if route is not None and route.closed_reason is None else None
 
     def add_route(self, route: Route, info: dict, send_delayed: bool) -> None:
         """server/route.go addRoute: place the connection, then exchange interest."""
@@ -392,7 +450,7 @@ class Cluster:
             remote = Remote(sid)
         remote.name = info.get("server_name", "")
         remote.info = info
-        if route.did_solicit and route.solicit is not None:
+        if route.dialled and route.solicit is not None:
             remote.url = route.solicit.url
             remote.explicit = remote.explicit or route.solicit.explicit
         remote_pool = info.get("route_pool_size") or 0
@@ -401,7 +459,7 @@ class Cluster:
             route.close(ROUTE_REMOVED, "Invalid route pool size: %r" % (remote_pool,))
             return
         no_pool = remote_pool <= 0 or self.pool_size < 0
-        account = route.account if route.did_solicit else info.get("route_account")
+        account = route.account if route.dialled else info.get("route_account")
         if account:
             if no_pool:
                 route.no_reconnect = True
@@ -412,14 +470,18 @@ class Cluster:
                 route.no_reconnect = True
                 route.close(ROUTE_REMOVED, 'No route for account "%s"' % account)
                 return
-            if not self._resolve_duplicate(remote.pinned.get(account), route):
+            existing = self._live(remote.pinned.get(account))
+            if existing is not None:
+                self._duplicate(existing, route, no_reconnect=True)
                 return
             remote.pinned[account] = route
             route.account = account
             route.core.pinned_account = account.encode()
             route.core.no_account = True
         elif no_pool:
-            if remote.pool and not self._resolve_duplicate(remote.pool[0], route):
+            existing = self._live(remote.pool[0]) if remote.pool else None
+            if existing is not None:
+                self._duplicate(existing, route, no_reconnect=True)
                 return
             remote.no_pool = True
             remote.pool = [route]
@@ -429,22 +491,34 @@ class Cluster:
             size = max(self.pool_size, remote_pool)
             if len(remote.pool) < size:
                 remote.pool.extend([None] * (size - len(remote.pool)))
-            if route.did_solicit:
-                free = [i for i, r in enumerate(remote.pool) if r is None]
+            if route.dialled:
+                if info.get("route_pool_idx"):
+                    route.close(PROTOCOL_VIOLATION, "Route pool index should not be set "
+                                "but is set to %r" % (info.get("route_pool_idx"),))
+                    return
+                for r in remote.pool:
+                    self._upgrade_to_solicited(self._live(r), route.solicit)
+                free = [i for i, r in enumerate(remote.pool) if self._live(r) is None]
                 if not free:
-                    server.log.debug(route.log_prefix + "Route pool size reached")
-                    route.no_reconnect = True
-                    route.close(DUPLICATE_ROUTE)
+                    server.log.debug(route.log_prefix + "Route pool size reached, closing "
+                                     "extra connection to %r", sid)
+                    self._duplicate(None, route, no_reconnect=True)
                     return
                 idx = free[0]
             else:
-                idx = int(info.get("route_pool_idx") or 0)
-                if idx < 0 or idx >= size:
-                    route.close(ROUTE_REMOVED, "Invalid route pool index: %d - pool size is %d"
-                                % (idx, remote_pool))
+                idx = info.get("route_pool_idx") or 0
+                if not isinstance(idx, int) or idx < 0 or idx >= size:
+                    route.close(PROTOCOL_VIOLATION, "Invalid route pool index: %r - pool "
+                                "size is %d" % (idx, remote_pool))
                     return
-                if not self._resolve_duplicate(remote.pool[idx], route):
+                existing = self._live(remote.pool[idx])
+                if existing is not None:
+                    self._duplicate(existing, route, no_reconnect=False)
                     return
+                dialled = next((r for r in remote.pool if self._live(r) is not None
+                                and r.did_solicit), None)
+                if dialled is not None:
+                    self._upgrade_to_solicited(route, dialled.solicit)
             remote.pool[idx] = route
             route.pool_idx = idx
         self.remotes[sid] = remote
@@ -455,7 +529,7 @@ class Cluster:
         if send_delayed:
             route.send(self.info_line(route, initial=False))
         self._send_all_interest(route)
-        if route.did_solicit and route.account is None and not remote.no_pool and \
+        if route.dialled and route.account is None and not remote.no_pool and \
                 any(r is None for r in remote.pool):
             route.chain_next = True
             route.send_ping()
@@ -465,7 +539,7 @@ class Cluster:
             if not self.copts.no_advertise:
                 remote.client_urls = list(info.get("connect_urls") or [])
                 server.client_urls_changed()
-            if not (route.did_solicit and route.solicit is not None
+            if not (route.dialled and route.solicit is not None
                     and not route.solicit.explicit):
                 self._gossip(remote, route)
 
@@ -486,8 +560,11 @@ class Cluster:
                 sl.remove(sub)
         route.remote_subs.clear()
         remote = route.remote
-        if remote is None:
-            return
+        if remote is not None:
+            self._unregister(route, remote)
+        self._reconnect(route)
+
+    def _unregister(self, route: Route, remote: Remote) -> None:
         if route.account is not None and remote.pinned.get(route.account) is route:
             del remote.pinned[route.account]
         for i, r in enumerate(remote.pool):

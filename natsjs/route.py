@@ -99,7 +99,14 @@ class Route(Connection):
         super().__init__(server, sock, rid, addr, core)
         self.cluster = cluster
         self.solicit = solicit
-        self.did_solicit = solicit is not None
+        # ``dialled``: this server opened the TCP connection (fixed; the handshake
+        # depends on it).  ``did_solicit`` is nats-server's flag of the same name: it
+        # starts equal, and a kept connection takes it over from a duplicate that we
+        # dialled, so that the kept one is redialled if it drops (route.go
+        # handleDuplicateRoute, upgradeRouteToSolicited).
+        self.dialled = solicit is not None
+        self.did_solicit = self.dialled
+        self.retry = False               # redial this one even if accepted (see above)
         self.account = solicit.account if solicit is not None else None
         self.remote_id = ""
         self.remote_name = ""
@@ -116,7 +123,7 @@ class Route(Connection):
         self.remote_subs: dict[tuple, Subscription] = {}
         self._pings_sent = 0
         self.log_prefix = "%s:%d - rid:%d - " % (self.host, self.port, rid)
-        if not self.did_solicit:
+        if not self.dialled:
             core.connect_required = True   # the acceptor wants CONNECT first
 
     # ---- lifecycle -------------------------------------------------------------
@@ -126,7 +133,7 @@ class Route(Connection):
         self.server.log.info(self.log_prefix + "Route connection created")
         if cluster.tls_accept is not None and not await self._tls_handshake():
             return False
-        if self.did_solicit:
+        if self.dialled:
             self.send(cluster.connect_line(self.solicit))
             if not self._delay_info():
                 self.send(cluster.info_line(self, initial=True))
@@ -140,7 +147,7 @@ class Route(Connection):
 
         from natsjs.tls import TLS_HANDSHAKE_FAILURE, TLSHandshakeError, TLSTransport
         cluster = self.cluster
-        if self.did_solicit:
+        if self.dialled:
             url = self.solicit.url
             host = urlsplit(url if "://" in url else "nats-route://" + url).hostname
             t = TLSTransport(self.sock, cluster.tls_dial, server_side=False,
@@ -158,11 +165,11 @@ class Route(Connection):
 
     def _delay_info(self) -> bool:
         copts = self.cluster.copts
-        return self.did_solicit and (needs_compression(copts.compression) or (
+        return self.dialled and (needs_compression(copts.compression) or (
             self.account is None and copts.pool_size >= 1))
 
     def start_tasks(self, nursery: trio.Nursery) -> None:
-        if not self.did_solicit and self.cluster.copts.username:
+        if not self.dialled and self.cluster.copts.username:
             nursery.start_soon(self._auth_timeout)
 
     async def _auth_timeout(self) -> None:
@@ -290,7 +297,7 @@ class Route(Connection):
         if self.info_received:
             cluster.async_route_info(self, info)
             return
-        if not self.did_solicit and info.get("server_name") == server.name:
+        if not self.dialled and info.get("server_name") == server.name:
             server.log.error(self.log_prefix + "Remote server has a duplicate name: %r",
                              server.name)
             self.close(DUPLICATE_SERVER_NAME)
@@ -312,7 +319,7 @@ class Route(Connection):
                     self._start_compression(mode)
                     return
                 self.compression = mode
-            send_delayed = self.did_solicit
+            send_delayed = self.dialled
         else:
             self.compression = COMPRESSION_NOT_SUPPORTED if not info.get("compression") \
                 else COMPRESSION_OFF
@@ -332,7 +339,7 @@ class Route(Connection):
         Both read S2 from the byte after the INFO being processed.
         """
         cluster = self.cluster
-        if self.did_solicit:
+        if self.dialled:
             self.send(cluster.info_line(self, initial=False, negotiated=mode, with_slot=False))
             self.set_s2_level(mode)
         else:

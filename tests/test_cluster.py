@@ -511,3 +511,72 @@ def test_every_server_routes_to_every_server_started_together(procs, kinds):
     wait_mesh(started)
     for p in started:
         wait_until(lambda: len(http_json(p, "/routez")["routes"]) == 8, "4 routes per peer")
+
+
+def _read_until(sock, marker, timeout=TIMEOUT):
+    """Bytes from ``sock`` up to and including the line holding ``marker``."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while marker not in data or not data.endswith(b"\n"):
+        sock.settimeout(max(deadline - time.monotonic(), 0.01))
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise AssertionError("connection closed before %r: %r" % (marker, data))
+        data += chunk
+    return data
+
+
+def _closed_by_peer(sock, timeout=TIMEOUT):
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_duplicate_route_keeps_the_connection_already_registered(procs, tmp_path):
+    """Two servers that dial each other at once: nats-server keeps whichever
+    connection it registered first and closes the newcomer (route.go
+    handleDuplicateRoute).  A server that decided otherwise (say by comparing ids)
+    would, next to a reference peer, close the one the peer kept: both go, and the
+    pair churns.  A scripted peer registers on its own connection first, then
+    answers natsjs's dial."""
+    fake_id = "N" + "Z" * 55          # above any real id: an id order would pick ours
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(4)
+    lsock.settimeout(TIMEOUT)
+    fport = lsock.getsockname()[1]
+    conf = tmp_path / "a.conf"
+    conf.write_text("cluster { pool_size: -1, compression: off }\n")
+    a = start("natsjs", "-c", str(conf), *cluster_args(routes=[fport]))
+    procs.append(a)
+    dialled, _ = lsock.accept()
+    _read_until(dialled, b"CONNECT ")
+    mine = socket.create_connection(("127.0.0.1", a.cluster_port), timeout=TIMEOUT)
+    _read_until(mine, b"INFO ")
+    info = json.dumps({"server_id": fake_id, "server_name": "fake", "cluster": "C1",
+                       "headers": True, "host": "127.0.0.1", "port": fport}).encode()
+    mine.sendall(b'CONNECT {"name":"%s","cluster":"C1","headers":true}\r\nINFO %s\r\n'
+                 % (fake_id.encode(), info))
+    wait_until(lambda: remote_ids(a) == {fake_id}, "the scripted peer registered")
+    [kept] = http_json(a, "/routez")["routes"]
+    assert not kept["did_solicit"]
+
+    dialled.sendall(b"INFO " + info + b"\r\n")        # natsjs's own dial now completes
+    assert _closed_by_peer(dialled)                    # ... and is the duplicate
+    [route] = http_json(a, "/routez")["routes"]
+    assert route["rid"] == kept["rid"]
+    assert route["did_solicit"]                        # it took over the dialled URL
+    mine.sendall(b"PING\r\n")
+    _read_until(mine, b"PONG")
+
+    # The peer may have kept the other connection and closed this one: natsjs dials
+    # again rather than stay apart.
+    mine.close()
+    again, _ = lsock.accept()
+    assert _read_until(again, b"CONNECT ")
+    for s in (dialled, again, lsock):
+        s.close()
