@@ -208,11 +208,16 @@ class Route(Connection):
     # ---- compression -----------------------------------------------------------
 
     def set_s2_level(self, mode: str) -> None:
-        """Compress what we write from now on at ``mode`` (a new stream per flush)."""
+        """Compress what we write from now on at ``mode``: the first call starts the
+        connection's S2 stream, later ones change its level in place."""
         from natsjs._core.s2 import S2Writer
-        if self.s2_writer is not None and self.compression == mode:
-            return
         self.compression = mode
+        if self.s2_writer is not None:
+            self.s2_writer.level = S2_LEVELS[mode]
+            return
+        # Whatever is still queued went out before the switch: it stays uncompressed.
+        self._zout += self.core.out
+        del self.core.out[:]
         self.s2_writer = S2Writer(S2_LEVELS[mode])
 
     def switch_reader(self) -> None:
