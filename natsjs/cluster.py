@@ -17,12 +17,19 @@ messages then take exactly one hop.  Wire behaviour follows nats-server v2.10+
   forwarded to the other peers, which dial it (implicit routes).  Clients get the
   cluster's client URLs in INFO ``connect_urls``.
 * **Interest**: local subscriptions are counted per account (``Account.rm``); the
-  transitions become RS+/RS- on the connection that carries the account, and each
-  new connection first gets everything its accounts have.
+  transitions become RS+/RS- on the connection that carries the account toward each
+  peer, and a new connection gets everything of the accounts it now carries.
+  Interest that changes connection (a reload pinning accounts or resizing the pool,
+  a connection lost) moves make-before-break, confirmed by PING/PONG, so a reload
+  loses no message; connections no longer wanted are retired once idle.
+* **Duplicates**: when two servers dial each other, the connection registered first
+  keeps its slot on each side (route.go handleDuplicateRoute) and is redialled if
+  the peer kept the other one.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import random
 import secrets
@@ -52,6 +59,7 @@ MAX_POOL_SIZE = 256
 MAX_QUEUE_WEIGHT = 4096
 
 
+@functools.lru_cache(maxsize=4096)
 def pool_index(pool_size: int, account: str) -> int:
     """server/route.go computeRoutePoolIdx: FNV-1a 32 of the name, modulo the pool."""
     if pool_size <= 1:
@@ -79,18 +87,33 @@ class Remote:
     pool: list = field(default_factory=list)        # Route | None per pool slot
     pinned: dict = field(default_factory=dict)      # account -> Route
     no_pool: bool = False
-    url: str = ""
+    url: str = ""            # where we reach it (dialled, or from its INFO)
     explicit: bool = False
     client_urls: list = field(default_factory=list)
+    natsjs: bool = False     # speaks natsjs's additions (retiring a connection)
+    pool_size: int = 0       # its configured pool size (route_pool_size)
+    # Where our interest in each account sits (the connection that carries it), and
+    # connections it is moving off that keep it until the new one is confirmed.
+    placed: dict = field(default_factory=dict)      # account -> Route
+    leaving: dict = field(default_factory=dict)     # account -> [Route]
+    retiring: list = field(default_factory=list)    # Routes out of their slot, closing
+    refused: set = field(default_factory=set)       # accounts it has no route for
 
     def routes(self) -> list[Route]:
-        return [r for r in self.pool if r is not None] + list(self.pinned.values())
+        return [r for r in self.pool if r is not None] + list(self.pinned.values()) \
+            + self.retiring
 
     def first(self) -> Route | None:
         for r in self.pool:
             if r is not None:
                 return r
         return next(iter(self.pinned.values()), None)
+
+
+def usable(route: Route | None) -> bool:
+    """A registered connection that is neither closing nor being retired."""
+    return route is not None and route.registered and route.closed_reason is None \
+        and not route.retiring
 
 
 class Cluster:
@@ -101,6 +124,9 @@ class Cluster:
         self.name = copts.name or secrets.token_urlsafe(16)
         self.remotes: dict[str, Remote] = {}
         self.routes: set[Route] = set()
+        # Accounts a nats-server peer asked to have dedicated connections for
+        # (route_acc_add): dialled like our pinned ones.
+        self.adopted: set[str] = set()
         self.sublists: dict[bytes, object] = {}
         self.port = 0
         self.host = copts.host
@@ -123,6 +149,9 @@ class Cluster:
         if self.pool_size > 0 and sysname not in pinned:
             pinned.append(sysname)
         return pinned if self.pool_size > 0 else []
+
+    def _wanted_dedicated(self) -> set[str]:
+        return set(self.pinned_accounts()) | self.adopted if self.pool_size > 0 else set()
 
     def accounts_changed(self) -> None:
         self.sublists = {name.encode(): acc.sublist for name, acc in self.server.accounts.items()}
@@ -217,7 +246,7 @@ class Cluster:
         while not server.shutting_down:
             if s.explicit and s.url not in self.copts.routes:
                 return     # removed from the configuration meanwhile (routeStillValid)
-            if s.account is not None and s.account not in self.pinned_accounts():
+            if s.account is not None and s.account not in self._wanted_dedicated():
                 return     # no longer an account with a route of its own
             dialed = await self._dial(s.url)
             if dialed is None:
@@ -280,11 +309,17 @@ class Cluster:
     def reload(self, new: ClusterOptions) -> list[str]:
         """Apply a reloaded ``cluster {}`` block (server/reload.go clusterOption).
 
-        A compression change between two S2 levels swaps the writer in place; turning
-        compression on or off (or to ``accept``) needs a new negotiation, so those
-        connections are closed and re-established, as are all of them when the pool
-        size or the pinned accounts change.  Routes added to the list are dialled,
-        removed ones closed for good.  The listen address needs a restart.
+        Pinned accounts and the pool size change without dropping a message:
+        dedicated and pooled connections are added next to the running ones, the
+        interest moves over make-before-break (see the interest section below), and
+        connections no longer wanted are retired once idle.  nats-server instead
+        closes the pooled connections and drops interest while the new ones form.
+        Turning pooling on or off altogether (``pool_size: -1``) still re-forms the
+        routes.  A compression change between two S2 levels swaps the level in
+        place; turning compression on or off (or to ``accept``) needs a new
+        negotiation, so those connections are closed and re-established.  Routes
+        added to the list are dialled, removed ones closed for good.  The listen
+        address needs a restart.
         """
         old = self.copts
         notes = []
@@ -292,9 +327,10 @@ class Cluster:
             self.server.log.error("Config reload: not supported for cluster listen/name; "
                                   "keeping the running values")
             new = dataclasses.replace(new, host=old.host, port=old.port, name=old.name)
+        old_pinned = set(self.pinned_accounts())
         self.copts = new
-        reconnect_all = new.pool_size != old.pool_size or new.accounts != old.accounts
-        if new.compression != old.compression and not reconnect_all:
+        reform = (old.pool_size < 0) != (new.pool_size < 0)
+        if new.compression != old.compression and not reform:
             renegotiate = COMPRESSION_OFF in (old.compression, new.compression) or \
                 new.compression == COMPRESSION_ACCEPT
             for r in list(self.routes):
@@ -306,21 +342,14 @@ class Cluster:
                         level = level_for_rtt(r.rtt, new.rtt_thresholds)
                     r.set_s2_level(level)
             notes.append("compression")
-        if reconnect_all:
+        if reform:
             for r in list(self.routes):
-                if r.account is not None and r.account not in self.pinned_accounts():
+                if r.account is not None:
                     r.no_reconnect = True
                 r.close(ROUTE_REMOVED)
-            # Dial the newly pinned accounts on every server we know a URL for.
-            added = set(self.pinned_accounts()) - set(
-                old.accounts + ((self.server.system_account.name,) if old.pool_size > 0
-                                else ()))
-            urls = {(remote.url, remote.explicit) for remote in self.remotes.values()
-                    if remote.url}
-            urls |= {(u, True) for u in new.routes}
-            for url, explicit in urls:
-                for acc in added:
-                    self._nursery.start_soon(self._solicit_loop, Solicit(url, explicit, acc))
+            notes.append("pool_size")
+        elif new.pool_size != old.pool_size or set(self.pinned_accounts()) != old_pinned:
+            self._reload_pool_and_pinned(old_pinned, new.pool_size != old.pool_size)
             notes.append("pool_size/accounts")
         removed = set(old.routes) - set(new.routes)
         for r in list(self.routes):
@@ -333,6 +362,48 @@ class Cluster:
         if removed or set(new.routes) - set(old.routes):
             notes.append("routes")
         return notes
+
+    def _reload_pool_and_pinned(self, old_pinned: set[str], resized: bool) -> None:
+        pinned = set(self.pinned_accounts())
+        added, removed = pinned - old_pinned, old_pinned - pinned
+        for remote in list(self.remotes.values()):
+            if remote.no_pool:
+                continue
+            for account in added:
+                remote.refused.discard(account)
+                self._dial_dedicated(remote, account)
+            for account in removed:
+                r = remote.pinned.get(account)
+                # Only a natsjs peer can be told to move off; a nats-server peer
+                # may pin the account itself, and the connection stays.
+                if r is not None and r.dialled and remote.natsjs:
+                    self._retire(r)
+            if resized:
+                self._resize(remote)
+                if remote.natsjs:
+                    # Tell it our new size: it dials or retires its share of slots.
+                    r = next((r for r in remote.pool if usable(r)), None)
+                    if r is not None:
+                        info = {"server_id": self.server.server_id,
+                                "route_pool_size": self.pool_size}
+                        r.send(b"INFO " + json.dumps(info, separators=(",", ":")).encode()
+                               + b"\r\n")
+            self.rebalance(remote)
+
+    def _resize(self, remote: Remote) -> None:
+        """Both sides' pool sizes decide how many pooled connections there are: dial
+        the missing ones, retire the surplus ones we dialled (the peer retires its
+        own; nats-server never has interest beyond its own pool size)."""
+        if remote.no_pool or self.pool_size < 1:
+            return
+        target = self._pool_target(remote)
+        for r in list(remote.pool[target:]):
+            if r is not None and r.dialled:
+                self._retire(r)
+        while len(remote.pool) > target and remote.pool[-1] is None:
+            remote.pool.pop()
+        self._dial_pool(remote)
+        self.rebalance(remote)
 
     # ---- handshake lines -------------------------------------------------------------
 
@@ -448,16 +519,20 @@ class Cluster:
         first = remote is None or not remote.routes()
         if remote is None:
             remote = Remote(sid)
-        remote.name = info.get("server_name", "")
-        remote.info = info
-        if route.dialled and route.solicit is not None:
-            remote.url = route.solicit.url
-            remote.explicit = remote.explicit or route.solicit.explicit
         remote_pool = info.get("route_pool_size") or 0
         if not isinstance(remote_pool, int) or remote_pool > MAX_POOL_SIZE:
             route.no_reconnect = True
             route.close(ROUTE_REMOVED, "Invalid route pool size: %r" % (remote_pool,))
             return
+        remote.name = info.get("server_name", "")
+        remote.info = info
+        remote.natsjs = "natsjs" in info
+        remote.pool_size = remote_pool
+        if route.dialled and route.solicit is not None:
+            remote.url = route.solicit.url
+            remote.explicit = remote.explicit or route.solicit.explicit
+        elif not remote.url:
+            remote.url = self._info_url(info, route)
         no_pool = remote_pool <= 0 or self.pool_size < 0
         account = route.account if route.dialled else info.get("route_account")
         if account:
@@ -466,7 +541,10 @@ class Cluster:
                 route.close(ROUTE_REMOVED, 'Not possible to have a dedicated route for account '
                             '"%s" between those servers' % account)
                 return
-            if account not in self.pinned_accounts():
+            # nats-server takes a dedicated connection only for an account it pins
+            # itself; natsjs takes one for any account it has, so a peer that pins
+            # it (by its configuration or a reload) gets its way whatever ours says.
+            if account not in self.server.accounts:
                 route.no_reconnect = True
                 route.close(ROUTE_REMOVED, 'No route for account "%s"' % account)
                 return
@@ -524,15 +602,22 @@ class Cluster:
         self.remotes[sid] = remote
         route.remote = remote
         route.registered = True
+        route.core.peer = remote
         server.log.debug(route.log_prefix + "Registering remote route %r%s", sid,
                          " for account %r" % account if account else "")
         if send_delayed:
             route.send(self.info_line(route, initial=False))
-        self._send_all_interest(route)
-        if route.dialled and route.account is None and not remote.no_pool and \
-                any(r is None for r in remote.pool):
-            route.chain_next = True
-            route.send_ping()
+        self.rebalance(remote)
+        if account is not None:
+            # Once the peer's interest in the account has come on this connection
+            # (it sends it on registering it; its PONG follows), what it had on the
+            # pool for that account is stale: nats-server moves an account wholesale.
+            route.after_pong(lambda: self._drop_pooled_interest(route, account))
+        elif route.dialled and not remote.no_pool and \
+                any(r is None for r in remote.pool[:self._pool_target(remote)]):
+            # Fill the pool one connection at a time, the next once this one has
+            # proved itself with a PONG (route.go addRoute, startNewRoute).
+            route.after_pong(lambda: self._dial_pool(remote))
         if first:
             server.log.info(route.log_prefix + "Route connection to %s (%s) registered",
                             remote.name or sid, sid)
@@ -543,26 +628,54 @@ class Cluster:
                     and not route.solicit.explicit):
                 self._gossip(remote, route)
 
-    def dial_next_pool_conn(self, route: Route) -> None:
-        remote = route.remote
-        if remote is None or route.solicit is None:
+    def _pool_target(self, remote: Remote) -> int:
+        """How many pooled connections this server wants to ``remote``: the larger
+        of both sides' pool sizes, as nats-server (since 2.11) allows them to differ."""
+        return max(self.pool_size, remote.pool_size, 1)
+
+    def _dial_pool(self, remote: Remote) -> None:
+        """Dial one more pooled connection if a wanted slot is empty (the next one
+        follows from its PONG, see add_route)."""
+        if self.remotes.get(remote.server_id) is not remote or remote.no_pool \
+                or not remote.url:
             return
-        if any(r is None for r in remote.pool):
-            self.solicit(Solicit(route.solicit.url, route.solicit.explicit), with_pinned=False)
+        target = self._pool_target(remote)
+        if any(r is None for r in remote.pool[:target]) or len(remote.pool) < target:
+            self.solicit(Solicit(remote.url, remote.explicit), with_pinned=False)
+
+    def _dial_dedicated(self, remote: Remote, account: str) -> None:
+        if remote.no_pool or not remote.url or usable(remote.pinned.get(account)):
+            return
+        if self._nursery is not None:
+            self._nursery.start_soon(self._solicit_loop,
+                                     Solicit(remote.url, remote.explicit, account))
 
     def route_closed(self, route: Route) -> None:
         self.routes.discard(route)
-        for sub in route.remote_subs.values():
-            sub.closed = True
-            sl = self.sublists.get(sub.sid.split(b" ")[1]) if route.account is None else \
-                self.sublists.get(route.account.encode())
-            if sl is not None:
-                sl.remove(sub)
-        route.remote_subs.clear()
+        self._drop_remote_subs(route, list(route.remote_subs))
+        if route.dialled and route.account is not None and not route.ponged \
+                and route.closed_reason != DUPLICATE_ROUTE and not self.server.shutting_down:
+            # Closed before it ever answered a PING: nats-server refused it (its
+            # -ERR may be lost in the close).  Carry the account on the pool.
+            route.no_reconnect = True
+            self.dedicated_refused(route)
         remote = route.remote
         if remote is not None:
             self._unregister(route, remote)
+            if self.remotes.get(remote.server_id) is remote:
+                # Whatever this connection carried moves to one still open.
+                self.rebalance(remote)
         self._reconnect(route)
+
+    def _drop_remote_subs(self, route: Route, keys: list) -> None:
+        for key in keys:
+            sub = route.remote_subs.pop(key, None)
+            if sub is None:
+                continue
+            sub.closed = True
+            sl = self.sublists.get(key[0])
+            if sl is not None:
+                sl.remove(sub)
 
     def _unregister(self, route: Route, remote: Remote) -> None:
         if route.account is not None and remote.pinned.get(route.account) is route:
@@ -570,6 +683,13 @@ class Cluster:
         for i, r in enumerate(remote.pool):
             if r is route:
                 remote.pool[i] = None
+        if route in remote.retiring:
+            remote.retiring.remove(route)
+        for acc, routes in list(remote.leaving.items()):
+            if route in routes:
+                routes.remove(route)
+                if not routes:
+                    del remote.leaving[acc]
         if not remote.routes():
             self.remotes.pop(remote.server_id, None)
             if remote.client_urls:
@@ -577,6 +697,65 @@ class Cluster:
                 self.server.client_urls_changed()
             self.server.log.info(route.log_prefix + "Route connection to %s closed",
                                  remote.name or remote.server_id)
+
+    def dedicated_refused(self, route: Route) -> None:
+        """The peer has no route for this account (an -ERR from nats-server, which
+        pins only what its own configuration or a peer's reload asked for)."""
+        remote = route.remote or self.remotes.get(route.remote_id)
+        if remote is not None and route.account is not None:
+            remote.refused.add(route.account)
+
+    # ---- retiring connections -------------------------------------------------------
+
+    def _retire(self, route: Route, notify: bool = True) -> None:
+        """Wind a connection down without losing what is in flight on it.
+
+        It leaves its slot (so a replacement can take it), our interest moves to
+        the connections that now carry those accounts (each move confirmed by a
+        PONG before the interest leaves this one), and it closes, gracefully, once
+        neither side routes anything through it.  A natsjs peer is told, so that it
+        moves its interest off too; nats-server peers only ever see us retire
+        connections nothing of theirs uses (see reload).
+        """
+        remote = route.remote
+        if route.retiring or remote is None or route.closed_reason is not None:
+            return
+        route.retiring = True
+        route.no_reconnect = True
+        if route.account is not None and remote.pinned.get(route.account) is route:
+            del remote.pinned[route.account]
+        for i, r in enumerate(remote.pool):
+            if r is route:
+                remote.pool[i] = None
+        remote.retiring.append(route)
+        self.server.log.debug(route.log_prefix + "Retiring route connection")
+        if notify and remote.natsjs:
+            info = {"server_id": self.server.server_id, "natsjs_retire": True}
+            route.send(b"INFO " + json.dumps(info, separators=(",", ":")).encode() + b"\r\n")
+        if route.account is not None and route.account in self._wanted_dedicated():
+            self._dial_dedicated(remote, route.account)
+        elif route.account is None and route.pool_idx < self._pool_target(remote):
+            self._dial_pool(remote)
+        self.rebalance(remote)
+        self._retire_check(route)
+
+    def _retire_check(self, route: Route) -> None:
+        """Close a retiring connection once it is idle both ways, confirmed by a
+        PONG sent after our last RS- on it."""
+        remote = route.remote
+        if not route.retiring or route.closed_reason is not None or remote is None:
+            return
+        if route.remote_subs or any(r is route for r in remote.placed.values()) or \
+                any(route in rs for rs in remote.leaving.values()):
+            return
+
+        def idle():
+            if route.remote_subs or any(r is route for r in remote.placed.values()) or \
+                    any(route in rs for rs in remote.leaving.values()):
+                return
+            self.server.log.debug(route.log_prefix + "Retired route connection closed")
+            route.close(ROUTE_REMOVED, graceful=True)
+        route.after_pong(idle)
 
     # ---- gossip ------------------------------------------------------------------
 
@@ -597,16 +776,50 @@ class Cluster:
                 r.send(line)
 
     def async_route_info(self, route: Route, info: dict) -> None:
-        """An INFO on an established route: gossip about a peer, or lame duck."""
+        """An INFO on an established route: gossip about a peer, lame duck, a peer's
+        reload (an account it now pins, its new pool size), or a natsjs peer
+        retiring this connection."""
         sid = info.get("server_id", "")
-        if info.get("route_acc_add_reqid") or info.get("gateway"):
+        if info.get("route_acc_add_reqid"):
+            self._route_acc_add(route, info)
+            return
+        if info.get("gateway"):
             return
         if sid and sid != route.remote_id:
             self._implicit_route(info)
             return
-        if info.get("ldm") and route.remote is not None and route.remote.client_urls:
-            route.remote.client_urls = []
+        remote = route.remote
+        if remote is None:
+            return
+        if info.get("ldm") and remote.client_urls:
+            remote.client_urls = []
             self.server.client_urls_changed()
+        size = info.get("route_pool_size")
+        if isinstance(size, int) and 0 < size <= MAX_POOL_SIZE and size != remote.pool_size \
+                and not remote.no_pool:
+            remote.pool_size = size
+            self._resize(remote)
+        if info.get("natsjs_retire") and route.registered:
+            self._retire(route, notify=False)
+
+    def _route_acc_add(self, route: Route, info: dict) -> None:
+        """A nats-server peer's reload pinned an account (route.go processRouteInfo,
+        reload.go reloadClusterPoolAndAccounts): it expects that account on a
+        dedicated connection from now on and waits for this INFO to come back with
+        ``route_account`` cleared.  Its interest in the account stays where it is
+        until the dedicated connection brings it again (_drop_pooled_interest)."""
+        account = info.get("route_account")
+        if not account:
+            return      # the answer to a request of ours; natsjs does not send them
+        reply = {k: v for k, v in info.items() if k != "route_account"}
+        route.send(b"INFO " + json.dumps(reply, separators=(",", ":")).encode() + b"\r\n")
+        remote = route.remote
+        if not isinstance(account, str) or account not in self.server.accounts \
+                or remote is None:
+            return
+        self.adopted.add(account)
+        remote.refused.discard(account)
+        self._dial_dedicated(remote, account)
 
     def _implicit_route(self, info: dict) -> None:
         sid = info.get("server_id", "")
@@ -650,28 +863,102 @@ class Cluster:
                 r.send(line)
 
     # ---- interest -------------------------------------------------------------------
+    #
+    # Our interest in an account goes to each peer on one connection (it then sends
+    # us that account's messages on it): the account's dedicated connection, else the
+    # pooled one at FNV-1a(account) % our pool size (computeRoutePoolIdx).  Which one
+    # that is changes when connections come and go and when a reload pins accounts
+    # or resizes the pool.  A move is make-before-break: the interest is sent on the
+    # new connection, a PING follows, and only its PONG (the peer has it) lets RS-
+    # withdraw the interest from the old one.  Meanwhile the peer sees the interest
+    # on both, and its fan-out sends each message once per server (fanout.pyx
+    # route_target), so nothing is lost or doubled.
 
-    def _route_for(self, remote: Remote, account: str) -> Route | None:
+    def _desired(self, remote: Remote, account: str) -> Route | None:
         if remote.no_pool:
-            return remote.pool[0] if remote.pool else None
-        if account in remote.pinned:
-            return remote.pinned[account]
-        if account in self.pinned_accounts():
-            return None
-        idx = pool_index(len(remote.pool) or self.pool_size, account)
-        if idx < len(remote.pool):
-            return remote.pool[idx]
-        return None
+            r = remote.pool[0] if remote.pool else None
+            return r if usable(r) else None
+        r = remote.pinned.get(account)
+        if usable(r):
+            return r
+        if account in self._wanted_dedicated() and account not in remote.refused \
+                and remote.url:
+            return None         # its own connection is being dialled
+        idx = pool_index(max(self.pool_size, 1), account)
+        r = remote.pool[idx] if idx < len(remote.pool) else None
+        return r if usable(r) else None
 
-    def _accounts_for(self, route: Route) -> list[str]:
-        if route.account is not None:
-            return [route.account]
-        if route.no_pool:
-            return list(self.server.accounts)
-        pinned = self.pinned_accounts()
-        size = len(route.remote.pool) if route.remote else self.pool_size
-        return [a for a in self.server.accounts
-                if a not in pinned and pool_index(size, a) == route.pool_idx]
+    def _carrier(self, remote: Remote, account: str) -> Route | None:
+        """Where our interest in ``account`` should sit now.
+
+        The desired connection; but toward nats-server, interest stays on the
+        pooled connection it is on while that one lives, since nats-server delivers
+        on every connection that holds our interest and a move would double its
+        messages for a round trip (only a dedicated connection draws it over).  If
+        the connection it was on went away and the desired one is not up, any
+        pooled one carries it meanwhile.
+        """
+        want = self._desired(remote, account)
+        cur = remote.placed.get(account)
+        if not remote.natsjs and usable(cur) and (want is None or want.account is None):
+            return cur
+        if want is not None:
+            return want
+        if cur is None:
+            return None         # never placed: its connection is on the way
+        if usable(cur):
+            return cur
+        # A connection we were moving off still holds the interest: go back to it
+        # (anything else would have nats-server deliver on both).
+        back = next((r for r in remote.leaving.get(account, ()) if usable(r)), None)
+        return back or next((r for r in remote.pool if usable(r)), None)
+
+    def _interest_lines(self, route: Route, account: str, add: bool) -> bytes:
+        acc = self.server.accounts.get(account)
+        if acc is None:
+            return b""
+        return b"".join(self._proto(route, account, subject, queue, n, add)
+                        for (subject, queue), n in acc.rm.items())
+
+    def _place(self, remote: Remote, account: str) -> None:
+        new = self._carrier(remote, account)
+        old = remote.placed.get(account)
+        if new is None or new is old:
+            return
+        lines = self._interest_lines(new, account, True)
+        if lines:
+            new.send(lines)
+        remote.placed[account] = new
+        leaving = remote.leaving.setdefault(account, [])
+        if new in leaving:
+            leaving.remove(new)
+        if old is not None and old.closed_reason is None and old not in leaving:
+            leaving.append(old)
+        if not leaving:
+            del remote.leaving[account]
+            return
+        new.after_pong(lambda: self._confirm_move(remote, account, new))
+
+    def _confirm_move(self, remote: Remote, account: str, new: Route) -> None:
+        """The peer has our interest on ``new``: withdraw it from where it was."""
+        if remote.placed.get(account) is not new:
+            return          # moved again meanwhile; that move finishes the job
+        for old in remote.leaving.pop(account, []):
+            if old.closed_reason is None:
+                lines = self._interest_lines(old, account, False)
+                if lines:
+                    old.send(lines)
+                self._retire_check(old)
+
+    def rebalance(self, remote: Remote) -> None:
+        """Put our interest for every account where it belongs now."""
+        accounts = [name for name, acc in self.server.accounts.items() if acc.rm]
+        accounts += [a for a in remote.placed if a not in self.server.accounts
+                     or not self.server.accounts[a].rm]
+        for name in accounts:
+            self._place(remote, name)
+        for route in list(remote.retiring):
+            self._retire_check(route)
 
     @staticmethod
     def _proto(route: Route, account: str, subject: bytes, queue: bytes | None, n: int,
@@ -685,17 +972,6 @@ class Cluster:
             return b"RS- " + acc + subject + b"\r\n"
         return b"RS- " + acc + subject + b" " + queue + b"\r\n"
 
-    def _send_all_interest(self, route: Route) -> None:
-        lines = []
-        for name in self._accounts_for(route):
-            acc = self.server.accounts.get(name)
-            if acc is None:
-                continue
-            for (subject, queue), n in acc.rm.items():
-                lines.append(self._proto(route, name, subject, queue, n, True))
-        if lines:
-            route.send(b"".join(lines))
-
     def interest_changed(self, account, sub, n: int, delta: int) -> None:
         """A local subscription came or went; ``n`` is the new local count."""
         if sub.queue is None:
@@ -704,10 +980,26 @@ class Cluster:
             add = delta > 0
         else:
             add = n > 0
+        name = account.name
         for remote in self.remotes.values():
-            route = self._route_for(remote, account.name)
-            if route is not None and route.registered:
-                route.send(self._proto(route, account.name, sub.subject, sub.queue, n, add))
+            self._place(remote, name)
+            route = remote.placed.get(name)
+            targets = ([route] if route is not None else []) + remote.leaving.get(name, [])
+            for r in targets:
+                if r.registered and r.closed_reason is None:
+                    r.send(self._proto(r, name, sub.subject, sub.queue, n, add))
+
+    def _drop_pooled_interest(self, route: Route, account: str) -> None:
+        """The peer's interest in ``account`` now comes on ``route`` (its dedicated
+        connection): forget what it had sent for that account on pooled ones."""
+        remote = route.remote
+        if remote is None or remote.pinned.get(account) is not route:
+            return
+        acc = account.encode()
+        for r in remote.pool:
+            if r is not None:
+                self._drop_remote_subs(r, [k for k in r.remote_subs if k[0] == acc])
+                self._retire_check(r)
 
     def _parse_interest(self, route: Route, args: bytes, add: bool):
         parts = args.split()
@@ -762,12 +1054,9 @@ class Cluster:
             acc, subject, queue, _ = self._parse_interest(route, args, False)
         except ValueError as exc:
             raise ProtocolError("processRemoteUnsub Parse Error: %r (%s)" % (args, exc)) from None
-        sub = route.remote_subs.pop((acc, subject, queue), None)
-        if sub is not None:
-            sub.closed = True
-            sl = self.sublists.get(acc)
-            if sl is not None:
-                sl.remove(sub)
+        self._drop_remote_subs(route, [(acc, subject, queue)])
+        if route.retiring:
+            self._retire_check(route)
 
     # ---- monitoring ----------------------------------------------------------------
 

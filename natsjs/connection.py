@@ -133,13 +133,18 @@ class Connection:
     def on_closed(self) -> None:
         """Release what the connection held (subscriptions, registrations)."""
 
-    def close(self, reason: str, err: str | None = None) -> None:
-        """Close from any task: queue ``-ERR`` if given, flush what we can, cancel."""
+    def close(self, reason: str, err: str | None = None, graceful: bool = False) -> None:
+        """Close from any task: queue ``-ERR`` if given, flush what we can, cancel.
+
+        With an error, or ``graceful``, everything queued is written and the socket
+        half-closed and drained before it is closed (``_linger_close``).
+        """
         if self.closed_reason is not None:
             return
         self.closed_reason = reason
         if err is not None:
             self.core.enqueue(b"-ERR '%s'\r\n" % err.encode())
+        if err is not None or graceful:
             self._linger = True
         self.core.closed = True
         self._try_send()

@@ -20,6 +20,7 @@ Registration, pooling, gossip and interest propagation live in natsjs/cluster.py
 """
 from __future__ import annotations
 
+import collections
 import random
 import socket
 from typing import TYPE_CHECKING
@@ -118,10 +119,17 @@ class Route(Connection):
         self.info_received = False
         self.compression = COMPRESSION_OFF
         self.compression_negotiated = False
-        self.chain_next = False          # dial the next pool slot on our PING's PONG
         self.no_reconnect = False
+        # Being wound down (a reload shrank the pool or unpinned the account): nothing
+        # new is placed on it, and it closes once neither side routes through it.
+        self.retiring = False
+        self.ponged = False              # the peer has answered a PING of ours
         self.remote_subs: dict[tuple, Subscription] = {}
         self._pings_sent = 0
+        # One entry per PING in flight, in order: what to do when its PONG comes
+        # (None for keepalives).  A PONG means the peer has processed everything we
+        # sent before the PING, and everything it sent before the PONG is here.
+        self._pong_waiters: collections.deque = collections.deque()
         self.log_prefix = "%s:%d - rid:%d - " % (self.host, self.port, rid)
         if not self.dialled:
             core.connect_required = True   # the acceptor wants CONNECT first
@@ -191,19 +199,25 @@ class Route(Connection):
             interval = min(interval, FIRST_PING_INTERVAL) * (1 + random.random() * 0.2)
         return interval, copts.max_pings_out or opts.max_pings_out
 
-    def send_ping(self) -> None:
+    def send_ping(self, waiter=None) -> None:
         self._pings_sent += 1
+        self._pong_waiters.append(waiter)
         super().send_ping()
+
+    def after_pong(self, waiter) -> None:
+        """Call ``waiter()`` once the peer has answered a PING sent now."""
+        self.send_ping(waiter)
 
     def _process_pong(self) -> None:
         measured = bool(self._ping_at)
+        self.ponged = True
         self.note_pong()
         if measured and self.cluster.copts.compression == COMPRESSION_S2_AUTO \
                 and self.s2_writer:
             self.set_s2_level(level_for_rtt(self.rtt, self.cluster.copts.rtt_thresholds))
-        if self.chain_next:
-            self.chain_next = False
-            self.cluster.dial_next_pool_conn(self)
+        waiter = self._pong_waiters.popleft() if self._pong_waiters else None
+        if waiter is not None and self.closed_reason is None:
+            waiter()
 
     # ---- compression -----------------------------------------------------------
 
@@ -245,8 +259,13 @@ class Route(Connection):
         elif op == P.CONNECT:
             self._process_connect(args)
         elif op == P.ERR:
-            self.server.log.error(self.log_prefix + "Route Error %s",
-                                  args.decode("utf-8", "replace"))
+            err = args.decode("utf-8", "replace")
+            self.server.log.error(self.log_prefix + "Route Error %s", err)
+            if self.account is not None and "No route for account" in err:
+                # The peer does not pin this account (route.go addRoute): carry it on
+                # the pool to that server rather than redial forever.
+                self.no_reconnect = True
+                self.cluster.dedicated_refused(self)
             self.close(PROTOCOL_VIOLATION)
         elif op in (P.OK, P.LS_PLUS, P.LS_MINUS):
             pass   # leafnode interest: nothing here uses it

@@ -106,6 +106,24 @@ async def until_delivered(pub, sub, subject, data=b"ping", timeout=TIMEOUT):
     raise AssertionError("no message on %s" % subject)
 
 
+def flows(src, dst, subject, user=None):
+    """Publish on ``src`` until a subscriber on ``dst`` has a message (``user``: the
+    account user, whose password is its name)."""
+    creds = "%s:%s@" % (user, user) if user else ""
+
+    async def main():
+        pub = await nats.connect("nats://%s127.0.0.1:%d" % (creds, src.port),
+                                 allow_reconnect=False)
+        sub = await nats.connect("nats://%s127.0.0.1:%d" % (creds, dst.port),
+                                 allow_reconnect=False)
+        s = await sub.subscribe(subject)
+        await sub.flush()
+        await until_delivered(pub, s, subject)
+        await pub.close()
+        await sub.close()
+    run(main())
+
+
 async def drain(sub):
     while True:
         try:
@@ -327,14 +345,7 @@ def test_pool_size_minus_one_peer_gets_a_single_route(procs, tmp_path):
     procs.append(ref)
     wait_mesh([a, ref])
 
-    async def main():
-        na, nr = await connect(a), await connect(ref)
-        sub = await na.subscribe("one")
-        await na.flush()
-        await until_delivered(nr, sub, "one")
-        await na.close()
-        await nr.close()
-    run(main())
+    flows(ref, a, "one")
     assert len(http_json(a, "/routez")["routes"]) == 1
 
 
@@ -375,14 +386,7 @@ def test_bad_route_input_is_refused_without_harm(procs, tmp_path):
     assert a.alive() and good.alive()
     assert remote_ids(a) == {server_id(good)}
 
-    async def main():
-        na, ng = await connect(a), await connect(good)
-        sub = await na.subscribe("after")
-        await na.flush()
-        await until_delivered(ng, sub, "after")
-        await na.close()
-        await ng.close()
-    run(main())
+    flows(good, a, "after")
 
 
 def test_self_route_is_ignored(procs):
@@ -430,14 +434,7 @@ def test_reload_changes_compression_level_in_place_and_off_reconnects(procs, tmp
     wait_until(lambda: len(routes()) == 4 and set(routes().values()) == {"off"}
                and not set(routes()) & set(before), "routes re-established uncompressed")
 
-    async def main():
-        na, nr = await connect(a), await connect(ref)
-        sub = await na.subscribe("reloaded")
-        await na.flush()
-        await until_delivered(nr, sub, "reloaded")
-        await na.close()
-        await nr.close()
-    run(main())
+    flows(ref, a, "reloaded")
 
 
 def test_compressed_route_bomb_is_refused_with_bounded_memory(procs):
@@ -580,3 +577,141 @@ def test_duplicate_route_keeps_the_connection_already_registered(procs, tmp_path
     assert _read_until(again, b"CONNECT ")
     for s in (dialled, again, lsock):
         s.close()
+
+
+RELOAD_ACCOUNTS = ("accounts { X { users: [{user: x, password: x}] }\n"
+                   "           Y { users: [{user: y, password: y}] } }\n")
+# FNV-1a puts Y on pool slot 0 of 3 and slot 3 of 5, so a resize moves it.
+RELOAD_STEPS = [("pool_size: 3, accounts: [X]", 3, True),
+                ("pool_size: 5, accounts: [X]", 5, True),
+                ("pool_size: 5", 5, False),
+                ("pool_size: 3", 3, False)]
+
+
+@pytest.mark.parametrize("kinds", [("natsjs", "natsjs"), ("natsjs", "reference"),
+                                   ("reference", "natsjs")])
+def test_reload_pinning_and_pool_size_loses_no_message(procs, tmp_path, kinds):
+    """A steady stream of numbered messages both ways in two accounts while the
+    natsjs servers are reloaded to pin an account, grow the pool, unpin, shrink it.
+    Every message arrives, once and in order.  (nats-server itself drops interest
+    during such reloads; the nats-server peer here keeps its configuration.)"""
+    import subprocess
+    import sys
+
+    def free():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    cports = [free(), free()]
+    confs = [tmp_path / ("s%d.conf" % i) for i in range(2)]
+
+    def write(i, cluster):
+        routes = ", routes: [nats://127.0.0.1:%d]" % cports[0] if i else ""
+        confs[i].write_text(RELOAD_ACCOUNTS + "cluster { name: C1, listen: 127.0.0.1:%d%s, %s }\n"
+                            % (cports[i], routes, cluster))
+    servers = []
+    for i, kind in enumerate(kinds):
+        write(i, "pool_size: 3")
+        args = ["-c", str(confs[i]), "-P", str(tmp_path / ("s%d.pid" % i))]
+        s = start(kind, *args)
+        procs.append(s)
+        servers.append(s)
+    a, b = servers
+    wait_until(lambda: all(len(http_json(s, "/routez")["routes"]) == 4 for s in servers),
+               "3 pooled routes and the $SYS one")
+
+    def layout(s):
+        routes = http_json(s, "/routez")["routes"]
+        return sum("account" not in r for r in routes), \
+            sorted(r["account"] for r in routes if "account" in r)
+
+    async def main():
+        streams = []
+        for acc in ("x", "y"):
+            for src, dst in ((a, b), (b, a)):
+                pub = await nats.connect("nats://%s:%s@127.0.0.1:%d" % (acc, acc, src.port))
+                sub = await nats.connect("nats://%s:%s@127.0.0.1:%d" % (acc, acc, dst.port))
+                got = []
+
+                async def cb(msg, got=got):
+                    got.append(int(msg.data))
+                subject = "seq.%d" % len(streams)
+                await sub.subscribe(subject, cb=cb)
+                await sub.flush()
+                streams.append({"pub": pub, "sub": sub, "subject": subject, "got": got,
+                                "sent": 0, "what": "%s %d->%d" % (acc, src.port, dst.port)})
+        running = asyncio.Event()
+        running.set()
+
+        async def publish(st):
+            while running.is_set():
+                st["sent"] += 1
+                await st["pub"].publish(st["subject"], b"%d" % st["sent"])
+                await asyncio.sleep(0.002)      # a steady rate, not synchronisation
+            await st["pub"].flush()
+        tasks = [asyncio.create_task(publish(st)) for st in streams]
+        await await_until(lambda: all(st["got"] for st in streams), "every stream flowing")
+        for cluster, pooled, pinned in RELOAD_STEPS:
+            for i, s in enumerate(servers):
+                if kinds[i] != "natsjs":
+                    continue
+                write(i, cluster)
+                n = s.text().count("Reloaded server configuration")
+                subprocess.run([sys.executable, "-m", "natsjs", "--signal",
+                                "reload=%s" % (tmp_path / ("s%d.pid" % i))], check=True,
+                               timeout=10)
+                await await_until(lambda: s.text().count("Reloaded server configuration") > n,
+                                  "reload")
+            want = (pooled, ["$SYS", "X"] if pinned and "reference" not in kinds else ["$SYS"])
+            await await_until(lambda: all(layout(s) == want for s in servers
+                                          if s is a or kinds == ("natsjs", "natsjs")),
+                              "routes after %r" % cluster)
+        running.clear()
+        await asyncio.gather(*tasks)
+        await await_until(lambda: all(st["got"] and st["got"][-1] == st["sent"]
+                                      for st in streams), "the last messages")
+        for st in streams:
+            got = st["got"]
+            assert got == list(range(got[0], st["sent"] + 1)), (
+                st["what"], sorted(set(range(got[0], st["sent"] + 1)) - set(got))[:20],
+                len(got) - len(set(got)))
+            await st["pub"].close()
+            await st["sub"].close()
+    run(main())
+    if "reference" in kinds:
+        # The reference peer does not pin X, refused the dedicated connection once,
+        # and natsjs carried X on the pool to it.
+        assert "No route for account" in servers[kinds.index("reference")].text()
+
+
+def test_reference_reload_pinning_an_account_is_answered(procs, tmp_path):
+    """nats-server pins an account on reload by asking its peers first (an INFO with
+    route_acc_add_reqid, answered with route_account cleared; reload.go) and waits up
+    to 2 s for the answers.  natsjs answers, and dials the dedicated connection
+    itself since here nats-server has no route to it configured."""
+    import signal
+    port = _free_port()
+    conf = tmp_path / "ref.conf"
+
+    def write(extra):
+        conf.write_text(RELOAD_ACCOUNTS + "cluster { name: C1, listen: 127.0.0.1:%d%s }\n"
+                        % (port, extra))
+    write("")
+    ref = start("reference", "-c", str(conf))
+    procs.append(ref)
+    ours_conf = tmp_path / "ours.conf"
+    ours_conf.write_text(RELOAD_ACCOUNTS)
+    ours = start("natsjs", "-c", str(ours_conf), *cluster_args(routes=[port]))
+    procs.append(ours)
+    wait_until(lambda: len(http_json(ref, "/routez")["routes"]) == 4, "pooled routes")
+    write(", accounts: [X]")
+    ref.proc.send_signal(signal.SIGHUP)
+    ref.wait_for(re.compile(rb"Reloaded server configuration"))
+    for s in (ref, ours):
+        wait_until(lambda: sorted(r.get("account", "") for r in http_json(s, "/routez")
+                                  ["routes"]) == ["", "", "", "$SYS", "X"],
+                   "a dedicated route for X")
+    assert "Timed out waiting for confirmation" not in ref.text()
+
+    flows(ref, ours, "pinned", user="x")
+    flows(ours, ref, "pinned", user="x")
