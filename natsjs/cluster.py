@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 import trio
 
 from natsjs import NATS_VERSION, __version__
+from natsjs.auth import Permissions, PermissionChecker, SubjectPermission
 from natsjs.options import (COMPRESSION_ACCEPT, COMPRESSION_OFF, COMPRESSION_S2_AUTO,
                             ClusterOptions)
 from natsjs.connection import PROTOCOL_VIOLATION
@@ -131,6 +132,7 @@ class Cluster:
         self.port = 0
         self.host = copts.host
         self._nursery: trio.Nursery | None = None
+        self.perms = PermissionChecker(copts.permissions) if copts.permissions else None
         self.tls_accept = self.tls_dial = None
         if copts.tls is not None:
             from natsjs.tls import make_route_contexts
@@ -149,6 +151,16 @@ class Cluster:
         if self.pool_size > 0 and sysname not in pinned:
             pinned.append(sysname)
         return pinned if self.pool_size > 0 else []
+
+    def can_import(self, subject: bytes) -> bool:
+        """Whether we tell peers of local interest in ``subject`` (route.go canImport:
+        the import list is checked as a publish permission)."""
+        return self.perms is None or self.perms.can_publish(subject)
+
+    def can_export(self, subject: bytes) -> bool:
+        """Whether we take a peer's interest in ``subject`` (route.go canExport: the
+        export list is checked as a subscribe permission)."""
+        return self.perms is None or self.perms.can_subscribe(subject)
 
     def _wanted_dedicated(self) -> set[str]:
         return set(self.pinned_accounts()) | self.adopted if self.pool_size > 0 else set()
@@ -329,6 +341,9 @@ class Cluster:
             new = dataclasses.replace(new, host=old.host, port=old.port, name=old.name)
         old_pinned = set(self.pinned_accounts())
         self.copts = new
+        if new.permissions != old.permissions:
+            self._reload_permissions()
+            notes.append("permissions")
         reform = (old.pool_size < 0) != (new.pool_size < 0)
         if new.compression != old.compression and not reform:
             renegotiate = COMPRESSION_OFF in (old.compression, new.compression) or \
@@ -363,6 +378,36 @@ class Cluster:
             notes.append("routes")
         return notes
 
+    def _reload_permissions(self) -> None:
+        """New import/export lists (reload.go reloadClusterPermissions): interest we
+        may now import goes out, interest we may no longer import is withdrawn, peer
+        interest we may no longer export is dropped, and every route gets our INFO
+        so that peers resend what we now take."""
+        was = self.perms
+        self.perms = PermissionChecker(self.copts.permissions) \
+            if self.copts.permissions else None
+
+        def could(subject: bytes) -> bool:
+            return was is None or was.can_publish(subject)
+        for remote in self.remotes.values():
+            for account, route in remote.placed.items():
+                acc = self.server.accounts.get(account)
+                if acc is None or not route.registered or route.closed_reason is not None:
+                    continue
+                lines = []
+                for (subject, queue), n in acc.rm.items():
+                    now = self.can_import(subject)
+                    if now != could(subject):
+                        lines.append(self._proto(route, account, subject, queue, n, now))
+                if lines:
+                    route.send(b"".join(lines))
+        line = self._async_info_line()
+        for route in list(self.routes):
+            if route.registered and route.closed_reason is None:
+                self._drop_remote_subs(route, [k for k in route.remote_subs
+                                               if not self.can_export(k[1])])
+                route.send(line)
+
     def _reload_pool_and_pinned(self, old_pinned: set[str], resized: bool) -> None:
         pinned = set(self.pinned_accounts())
         added, removed = pinned - old_pinned, old_pinned - pinned
@@ -384,10 +429,7 @@ class Cluster:
                     # Tell it our new size: it dials or retires its share of slots.
                     r = next((r for r in remote.pool if usable(r)), None)
                     if r is not None:
-                        info = {"server_id": self.server.server_id,
-                                "route_pool_size": self.pool_size}
-                        r.send(b"INFO " + json.dumps(info, separators=(",", ":")).encode()
-                               + b"\r\n")
+                        r.send(self._async_info_line())
             self.rebalance(remote)
 
     def _resize(self, remote: Remote) -> None:
@@ -449,7 +491,23 @@ class Cluster:
             info["cluster_dynamic"] = True
         if not copts.no_advertise:
             info["connect_urls"] = server.own_client_urls()
+        perms = copts.permissions
+        if perms is not None:
+            # Shown by peers in /routez, and used by them to resend interest when our
+            # export list widens (route.go updateRemoteRoutePerms).
+            for key, sp in (("import", perms.publish), ("export", perms.subscribe)):
+                if sp is not None:
+                    info[key] = {k: list(v) for k, v in (("allow", sp.allow),
+                                                         ("deny", sp.deny)) if v}
         return info
+
+    def _async_info_line(self) -> bytes:
+        """Our INFO as an update on established routes (reload: pool size,
+        permissions), as nats-server sends its route INFO then."""
+        info = self._base_info()
+        if self.pool_size > 0:
+            info["route_pool_size"] = self.pool_size
+        return b"INFO " + json.dumps(info, separators=(",", ":")).encode() + b"\r\n"
 
     def info_line(self, route: Route, initial: bool, negotiated: str | None = None,
                   with_slot: bool = True) -> bytes:
@@ -801,6 +859,37 @@ class Cluster:
             self._resize(remote)
         if info.get("natsjs_retire") and route.registered:
             self._retire(route, notify=False)
+        elif not info.get("ldm"):
+            self._peer_permissions(route, info)
+
+    @staticmethod
+    def _export_checker(export) -> PermissionChecker | None:
+        if not isinstance(export, dict):
+            return None
+        lists = [tuple(str(x) for x in export[k]) if isinstance(export.get(k), list) else None
+                 for k in ("allow", "deny")]
+        return PermissionChecker(Permissions(subscribe=SubjectPermission(*lists)))
+
+    def _peer_permissions(self, route: Route, info: dict) -> None:
+        """A peer's INFO changed its export list (a reload): what it ignored before
+        and takes now is sent again on this connection (route.go
+        updateRemoteRoutePerms)."""
+        old, new = route.remote_info.get("export"), info.get("export")
+        route.remote_info = dict(route.remote_info, **{"import": info.get("import"),
+                                                       "export": new})
+        remote = route.remote
+        if old == new or remote is None:
+            return
+        was, now = self._export_checker(old), self._export_checker(new)
+
+        def newly(subject: bytes) -> bool:
+            return (now is None or now.can_subscribe(subject)) and not (
+                was is None or was.can_subscribe(subject))
+        for account, r in remote.placed.items():
+            if r is route:
+                lines = self._interest_lines(route, account, True, only=newly)
+                if lines:
+                    route.send(lines)
 
     def _route_acc_add(self, route: Route, info: dict) -> None:
         """A nats-server peer's reload pinned an account (route.go processRouteInfo,
@@ -913,12 +1002,13 @@ class Cluster:
         back = next((r for r in remote.leaving.get(account, ()) if usable(r)), None)
         return back or next((r for r in remote.pool if usable(r)), None)
 
-    def _interest_lines(self, route: Route, account: str, add: bool) -> bytes:
+    def _interest_lines(self, route: Route, account: str, add: bool, only=None) -> bytes:
         acc = self.server.accounts.get(account)
         if acc is None:
             return b""
         return b"".join(self._proto(route, account, subject, queue, n, add)
-                        for (subject, queue), n in acc.rm.items())
+                        for (subject, queue), n in acc.rm.items()
+                        if self.can_import(subject) and (only is None or only(subject)))
 
     def _place(self, remote: Remote, account: str) -> None:
         new = self._carrier(remote, account)
@@ -980,6 +1070,8 @@ class Cluster:
             add = delta > 0
         else:
             add = n > 0
+        if not self.can_import(sub.subject):
+            return
         name = account.name
         for remote in self.remotes.values():
             self._place(remote, name)
@@ -1029,6 +1121,10 @@ class Cluster:
         if sl is None:
             self.server.log.debug(route.log_prefix + "Unknown account %r for remote subject %r",
                                   acc, subject)
+            return
+        if not self.can_export(subject):
+            self.server.log.debug(route.log_prefix + 'Can not export "%s", ignoring remote '
+                                  'subscription request', subject.decode(errors="replace"))
             return
         key = (acc, subject, queue)
         sub = route.remote_subs.get(key)

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from natsjs.accounts import DEFAULT_SYSTEM_ACCOUNT, AccountConfig
-from natsjs.auth import AuthOptions
+from natsjs.auth import AuthOptions, Permissions
 from natsjs.tls import TLSConfig
 
 DEFAULT_PORT = 4222
@@ -66,6 +66,9 @@ class ClusterOptions:
     ping_interval: float = 0.0
     max_pings_out: int = 0
     tls: TLSConfig | None = None
+    # What routes may import (publish: interest we send) and export (subscribe:
+    # interest we accept), server/opts.go setClusterPermissions.
+    permissions: Permissions | None = None
 
     def validate(self) -> None:
         if self.compression not in COMPRESSION_MODES:

@@ -715,3 +715,107 @@ def test_reference_reload_pinning_an_account_is_answered(procs, tmp_path):
 
     flows(ref, ours, "pinned", user="x")
     flows(ours, ref, "pinned", user="x")
+
+
+async def _crosses(pub, sub, subject, probe):
+    """Whether ``subject`` published on ``pub`` reaches ``sub``'s connection, proven by
+    ``probe`` (subscribed there, published after it): no waiting for a timeout."""
+    s = await sub.subscribe(subject)
+    p = await sub.subscribe(probe)
+    await sub.flush()
+    await until_delivered(pub, p, probe)        # interest has crossed by now
+    await pub.publish(subject, b"x")
+    await pub.publish(probe, b"after")
+    await pub.flush()
+    while (await p.next_msg(timeout=TIMEOUT)).data != b"after":
+        pass
+    await p.unsubscribe()
+    # Messages of one publisher keep their order: anything on subject came first.
+    crossed = s.pending_msgs > 0
+    await drain(s)
+    return s, crossed
+
+
+@pytest.mark.parametrize("kinds", [("natsjs", "reference"), ("reference", "natsjs"),
+                                   ("natsjs", "natsjs")])
+def test_cluster_permissions_import_and_export(procs, tmp_path, kinds):
+    """``cluster { permissions { import, export } }`` on server A: it sends interest
+    only for subjects it may import and takes a peer's interest only for subjects it
+    may export (route.go canImport/canExport).  natsjs applies its own, shows them to
+    nats-server (which lists them in /routez), and follows a nats-server peer's: a
+    reload that widens them lets interest cross that was held back, both ways."""
+    import signal
+    port = _free_port()
+    conf = tmp_path / "a.conf"
+    perms = ("cluster { name: C1, listen: 127.0.0.1:%d, permissions { import: [%s], "
+             "export: { allow: [%s], deny: \"out.secret\" } } }\n")
+    imports, exports = '"in.>", "probe.>"', '"out.>", "probe.>"'
+    conf.write_text(perms % (port, imports, exports))
+    a = start(kinds[0], "-c", str(conf))
+    procs.append(a)
+    b = start(kinds[1], *cluster_args(routes=[port]))
+    procs.append(b)
+    wait_mesh([a, b])
+    if kinds[1] == "reference":
+        routes = http_json(b, "/routez")["routes"]
+        assert routes[0]["import"] == {"allow": ["in.>", "probe.>"]}
+        assert routes[0]["export"] == {"allow": ["out.>", "probe.>"], "deny": ["out.secret"]}
+
+    async def main():
+        na, nb = await connect(a), await connect(b)
+        # import: B's messages reach A only on subjects A may import
+        assert (await _crosses(nb, na, "in.x", "probe.1"))[1]
+        other, crossed = await _crosses(nb, na, "other", "probe.2")
+        assert not crossed
+        # export: A's messages reach B only on subjects A may export
+        assert (await _crosses(na, nb, "out.x", "probe.3"))[1]
+        assert not (await _crosses(na, nb, "out.secret", "probe.4"))[1]
+        later, crossed = await _crosses(na, nb, "later", "probe.5")
+        assert not crossed
+
+        # The reload widens both lists; the live subscriptions above now cross.
+        conf.write_text(perms % (port, imports + ', "other"', exports + ', "later"'))
+        n = a.text().count("Reloaded server configuration")
+        a.proc.send_signal(signal.SIGHUP)
+        await await_until(lambda: a.text().count("Reloaded server configuration") > n,
+                          "reload")
+        for pub, s, subject in ((nb, other, "other"), (na, later, "later")):
+            await until_delivered(pub, s, subject)
+        await na.close()
+        await nb.close()
+    run(main())
+
+
+@pytest.mark.parametrize("block,expect", [
+    ('permissions { import: "a.>", export: { allow: ["b.*"], deny: "b.x" } }', "ok"),
+    ('authorization { user: r, password: p, permissions { import: "a.>" } }', "deprecated"),
+    ('permissions { import: "a.>", allow_responses: true }', "error"),
+    ('permissions { export: ["foo bar"] }', "error"),
+    ('permissions { import: "a..b" }', "error"),
+    ('permissions { bogus: "a" }', "error"),
+])
+def test_cluster_permissions_config_is_checked_like_the_reference(tmp_path, block, expect):
+    """Both servers check the file (-t) alike; the deprecated place inside the cluster
+    authorization block is taken with a warning (nats-server's -t, pedantic, fails
+    on the warning)."""
+    import subprocess
+    import sys
+    from conftest import reference_server_binary
+    path = tmp_path / "c.conf"
+    path.write_text("cluster { listen: 127.0.0.1:-1, %s }\n" % block)
+
+    def check(cmd):
+        return subprocess.run(cmd + ["-t", "-c", str(path)], capture_output=True, text=True,
+                              timeout=TIMEOUT)
+    ours, ref = check([sys.executable, "-m", "natsjs"]), check([reference_server_binary()])
+    assert (ours.returncode == 0) == (expect != "error"), ours.stderr
+    if expect == "deprecated":
+        assert "within cluster authorization block is deprecated" in ref.stderr
+    else:
+        assert (ref.returncode == 0) == (expect == "ok"), ref.stderr
+    if expect != "error":
+        from natsjs.config import load_config
+        warnings = []
+        perms = load_config(str(path), warn=warnings.append).cluster.permissions
+        assert perms.publish.allow == ("a.>",)
+        assert bool(warnings) == (expect == "deprecated")
