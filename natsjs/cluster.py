@@ -289,6 +289,8 @@ class Cluster:
                                          and not s.explicit)
         if not (route.did_solicit or retry_implicit):
             return
+        if not route.registered and not (s is not None and s.explicit):
+            return      # an implicit dial the peer never took: no retry loop
         if s is None:
             url = self._info_url(route.remote_info, route)
             if not url:
@@ -424,12 +426,13 @@ class Cluster:
                 if r is not None and r.dialled and remote.natsjs:
                     self._retire(r)
             if resized:
-                self._resize(remote)
                 if remote.natsjs:
-                    # Tell it our new size: it dials or retires its share of slots.
+                    # Tell it our new size (before any retirement notice, which it
+                    # weighs against that size): it dials or retires its share.
                     r = next((r for r in remote.pool if usable(r)), None)
                     if r is not None:
                         r.send(self._async_info_line())
+                self._resize(remote)
             self.rebalance(remote)
 
     def _resize(self, remote: Remote) -> None:
@@ -634,7 +637,7 @@ class Cluster:
                     return
                 for r in remote.pool:
                     self._upgrade_to_solicited(self._live(r), route.solicit)
-                free = [i for i, r in enumerate(remote.pool) if self._live(r) is None]
+                free = [i for i, r in enumerate(remote.pool[:size]) if self._live(r) is None]
                 if not free:
                     server.log.debug(route.log_prefix + "Route pool size reached, closing "
                                      "extra connection to %r", sid)

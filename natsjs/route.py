@@ -261,6 +261,8 @@ class Route(Connection):
         elif op == P.ERR:
             err = args.decode("utf-8", "replace")
             self.server.log.error(self.log_prefix + "Route Error %s", err)
+            if "Invalid route pool index" in err:
+                self.no_reconnect = True     # the peer's pool is smaller than we thought
             if self.account is not None and "No route for account" in err:
                 # The peer does not pin this account (route.go addRoute): carry it on
                 # the pool to that server rather than redial forever.
