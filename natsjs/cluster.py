@@ -58,6 +58,8 @@ RECONNECT_DELAY = 1.0    # DEFAULT_ROUTE_RECONNECT
 # Bounds on what a peer may ask for (the route port may have no authorization).
 MAX_POOL_SIZE = 256
 MAX_QUEUE_WEIGHT = 4096
+SUBS_LOG_INTERVAL = 10.0       # seconds between "maximum subscriptions exceeded" lines
+MAX_IMPLICIT_DIALS = 32        # gossiped routes being dialled at once
 
 
 @functools.lru_cache(maxsize=4096)
@@ -99,6 +101,9 @@ class Remote:
     leaving: dict = field(default_factory=dict)     # account -> [Route]
     retiring: list = field(default_factory=list)    # Routes out of their slot, closing
     refused: set = field(default_factory=set)       # accounts it has no route for
+    nsubs: int = 0           # its subscriptions held here, on all its connections
+    ignored: int = 0         # RS+ ignored over max_remote_subs
+    ignored_logged: float = 0.0
 
     def routes(self) -> list[Route]:
         return [r for r in self.pool if r is not None] + list(self.pinned.values()) \
@@ -733,6 +738,8 @@ class Cluster:
             sub = route.remote_subs.pop(key, None)
             if sub is None:
                 continue
+            if route.remote is not None:
+                route.remote.nsubs -= 1
             sub.closed = True
             sl = self.sublists.get(key[0])
             if sl is not None:
@@ -1120,6 +1127,13 @@ class Cluster:
             acc, subject, queue, weight = self._parse_interest(route, args, True)
         except ValueError as exc:
             raise ProtocolError("processRemoteSub Parse Error: %r (%s)" % (args, exc)) from None
+        remote = route.remote
+        if remote is None or not route.registered:
+            # A peer sends interest only once it has registered the connection, which
+            # is after our INFO: before ours, RS+ is a peer that skips the handshake.
+            self.server.log.debug(route.log_prefix + "Ignoring remote subscription before "
+                                  "the route is registered")
+            return
         sl = self.sublists.get(acc)
         if sl is None:
             self.server.log.debug(route.log_prefix + "Unknown account %r for remote subject %r",
@@ -1138,6 +1152,9 @@ class Cluster:
                 sub.qweight = weight
                 sl.insert(sub)
             return
+        if remote.nsubs >= self.copts.max_remote_subs:
+            self._too_many_subs(route, remote, acc, subject)
+            return
         sid = b"R " + acc + b" " + subject + ((b" " + queue) if queue else b"")
         sub = Subscription(subject, queue, sid, route.core, None, 0, weight)
         try:
@@ -1146,6 +1163,25 @@ class Cluster:
             self.server.log.error(route.log_prefix + "Error inserting remote subject %r", subject)
             return
         route.remote_subs[key] = sub
+        remote.nsubs += 1
+
+    def _too_many_subs(self, route: Route, remote: Remote, acc: bytes, subject: bytes) -> None:
+        """A peer over max_remote_subs: its new interest is ignored (messages on those
+        subjects are not sent to it) and the route stays up.  nats-server answers a
+        client over its max_subscriptions with an error log and -ERR 'maximum
+        subscriptions exceeded'; to a route an -ERR would only make the peer drop the
+        connection and send everything again, so the error is logged here (at most
+        every 10 s per peer) and the peer is left as it is."""
+        remote.ignored += 1
+        now = trio.current_time()
+        if remote.ignored == 1 or now - remote.ignored_logged >= SUBS_LOG_INTERVAL:
+            remote.ignored_logged = now
+            self.server.log.error(
+                route.log_prefix + "maximum subscriptions exceeded: %s (%s) holds %d, the "
+                "most one cluster peer may hold (--cluster_max_subs); ignoring interest of "
+                "account %s in %r (%d ignored so far)", remote.name or remote.server_id,
+                remote.server_id, remote.nsubs, acc.decode(errors="replace"),
+                subject.decode(errors="replace"), remote.ignored)
 
     def remote_unsub(self, route: Route, args: bytes) -> None:
         from natsjs._core.parser import ProtocolError

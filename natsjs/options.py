@@ -31,6 +31,7 @@ RANDOM_PORT = -1
 
 DEFAULT_ROUTE_POOL_SIZE = 3
 DEFAULT_RTT_THRESHOLDS = (0.010, 0.050, 0.100)
+DEFAULT_MAX_REMOTE_SUBS = 1 << 20
 # Route compression modes (server/route.go, server/opts.go).
 COMPRESSION_OFF = "off"
 COMPRESSION_ACCEPT = "accept"
@@ -69,6 +70,9 @@ class ClusterOptions:
     # What routes may import (publish: interest we send) and export (subscribe:
     # interest we accept), server/opts.go setClusterPermissions.
     permissions: Permissions | None = None
+    # Subscriptions one peer server may hold here (natsjs's own bound: nats-server has
+    # none, and a remote subscription costs about 2 KB here).
+    max_remote_subs: int = DEFAULT_MAX_REMOTE_SUBS
 
     def validate(self) -> None:
         if self.compression not in COMPRESSION_MODES:
@@ -79,6 +83,8 @@ class ClusterOptions:
             raise ValueError("duplicate account name in cluster accounts")
         if list(self.rtt_thresholds) != sorted(self.rtt_thresholds):
             raise ValueError("compression rtt_thresholds must be in ascending order")
+        if self.max_remote_subs < 1:
+            raise ValueError("cluster_max_subs must be positive")
 
 
 @dataclass(frozen=True)

@@ -819,3 +819,44 @@ def test_cluster_permissions_config_is_checked_like_the_reference(tmp_path, bloc
         perms = load_config(str(path), warn=warnings.append).cluster.permissions
         assert perms.publish.allow == ("a.>",)
         assert bool(warnings) == (expect == "deprecated")
+
+
+def test_a_peer_cannot_hold_subscriptions_without_bound(procs):
+    """``--cluster_max_subs``: past it, a peer's new interest is ignored with an error
+    log (at most every 10 s), the route stays up, and interest withdrawn makes room.
+    nats-server itself has no bound on a route, and natsjs sends it no -ERR (it
+    would drop the route and send everything again)."""
+    a = start("natsjs", *cluster_args(extra=["--cluster_max_subs", "120"]))
+    procs.append(a)
+    ref = start("reference", *cluster_args(routes=[a.cluster_port]))
+    procs.append(ref)
+    wait_mesh([a, ref])
+    limit_line = re.compile(rb"maximum subscriptions exceeded")
+
+    async def main():
+        na, nr = await connect(a), await connect(ref)
+        probe = await nr.subscribe("probe")
+        await nr.flush()
+        await until_delivered(na, probe, "probe")
+        subs = [await nr.subscribe("s.%d" % i) for i in range(150)]
+        await nr.flush()
+        await await_until(lambda: limit_line.search(a.log), "the limit to be hit")
+        rids = {r["rid"] for r in http_json(a, "/routez")["routes"]}
+        for subject in ("s.0", "s.149", "probe"):
+            await na.publish(subject, b"x")
+        await na.flush()
+        await probe.next_msg(timeout=TIMEOUT)
+        await drain(probe)
+        assert subs[0].pending_msgs == 1 and subs[149].pending_msgs == 0
+        assert {r["rid"] for r in http_json(a, "/routez")["routes"]} == rids
+        assert len(limit_line.findall(a.log)) == 1
+        # Withdrawn interest makes room again.
+        for s in subs[:100]:
+            await s.unsubscribe()
+        again = await nr.subscribe("again")
+        await nr.flush()
+        await until_delivered(na, again, "again")
+        await na.close()
+        await nr.close()
+    run(main())
+
