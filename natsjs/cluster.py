@@ -79,6 +79,7 @@ class Solicit:
     url: str
     explicit: bool
     account: str | None = None
+    peer_pinned: bool = False    # a dedicated connection the peer pins (gossiped)
 
 
 @dataclass
@@ -133,6 +134,8 @@ class Cluster:
         # Accounts a nats-server peer asked to have dedicated connections for
         # (route_acc_add): dialled like our pinned ones.
         self.adopted: set[str] = set()
+        # Implicit (gossiped) dials under way: (url, account).
+        self._implicit: set[tuple[str, str | None]] = set()
         self.sublists: dict[bytes, object] = {}
         self.port = 0
         self.host = copts.host
@@ -258,28 +261,32 @@ class Cluster:
         copts = self.copts
         attempts = 0
         delay = CONNECT_DELAY
-        if wait:
-            await trio.sleep(wait)
-        while not server.shutting_down:
-            if s.explicit and s.url not in self.copts.routes:
-                return     # removed from the configuration meanwhile (routeStillValid)
-            if s.account is not None and s.account not in self._wanted_dedicated():
-                return     # no longer an account with a route of its own
-            dialed = await self._dial(s.url)
-            if dialed is None:
-                attempts += 1
-                if not s.explicit and attempts > copts.connect_retries:
-                    return
-                await trio.sleep(delay)
-                if copts.connect_backoff:
-                    delay = min(delay * 2, CONNECT_MAX_DELAY)
-                continue
-            sock, addr = dialed
-            server._cid += 1
-            route = Route(self, sock, server._cid, addr, s)
-            self.routes.add(route)
-            await route.run()
-            return
+        try:
+            if wait:
+                await trio.sleep(wait)
+            while not server.shutting_down:
+                if s.explicit and s.url not in self.copts.routes:
+                    return     # removed from the configuration meanwhile (routeStillValid)
+                if s.account is not None and s.account not in self._wanted_dedicated() \
+                        and not s.peer_pinned:
+                    return     # no longer an account with a route of its own
+                dialed = await self._dial(s.url)
+                if dialed is None:
+                    attempts += 1
+                    if not s.explicit and attempts > copts.connect_retries:
+                        return
+                    await trio.sleep(delay)
+                    if copts.connect_backoff:
+                        delay = min(delay * 2, CONNECT_MAX_DELAY)
+                    continue
+                sock, addr = dialed
+                server._cid += 1
+                route = Route(self, sock, server._cid, addr, s)
+                self.routes.add(route)
+                await route.run()
+                return
+        finally:
+            self._implicit.discard((s.url, s.account))
 
     def _reconnect(self, route: Route) -> None:
         """Redial a closed route if nats-server would (server/client.go
@@ -669,6 +676,8 @@ class Cluster:
         route.remote = remote
         route.registered = True
         route.core.peer = remote
+        if route.solicit is not None:
+            self._implicit.discard((route.solicit.url, route.account))
         server.log.debug(route.log_prefix + "Registering remote route %r%s", sid,
                          " for account %r" % account if account else "")
         if send_delayed:
@@ -679,6 +688,9 @@ class Cluster:
             # (it sends it on registering it; its PONG follows), what it had on the
             # pool for that account is stale: nats-server moves an account wholesale.
             route.after_pong(lambda: self._drop_pooled_interest(route, account))
+            if not (route.dialled and route.solicit is not None
+                    and not route.solicit.explicit):
+                self._gossip(remote, route, account)
         elif route.dialled and not remote.no_pool and \
                 any(r is None for r in remote.pool[:self._pool_target(remote)]):
             # Fill the pool one connection at a time, the next once this one has
@@ -827,17 +839,21 @@ class Cluster:
 
     # ---- gossip ------------------------------------------------------------------
 
-    def _gossip(self, remote: Remote, via: Route) -> None:
-        """Tell the other peers about a new one (forwardNewRouteInfoToKnownServers)."""
+    def _gossip(self, remote: Remote, via: Route, account: str | None = None) -> None:
+        """Tell the other peers about a new one (forwardNewRouteInfoToKnownServers),
+        or, with ``account``, about its new dedicated connection for that account, so
+        that they dial theirs too (only peers that pool take those)."""
         info = dict(remote.info)
         info.pop("nonce", None)
         info.pop("route_pool_idx", None)
         info.pop("route_account", None)
+        if account is not None:
+            info["route_account"] = account
         if not info.get("ip"):
             info["ip"] = "nats-route://%s:%d/" % (via.host, int(info.get("port") or 0))
         line = b"INFO " + json.dumps(info, separators=(",", ":")).encode() + b"\r\n"
         for other in list(self.remotes.values()):
-            if other is remote:
+            if other is remote or (account is not None and other.no_pool):
                 continue
             r = other.first()
             if r is not None and r.account is None:
@@ -921,19 +937,67 @@ class Cluster:
         self._dial_dedicated(remote, account)
 
     def _implicit_route(self, info: dict) -> None:
-        sid = info.get("server_id", "")
-        if sid == self.server.server_id or info.get("route_account"):
+        """A peer told us of another server (route.go processImplicitRoute): dial it
+        unless we are connected or have it configured.  A peer could name any
+        address here, so only what looks like a cluster member is dialled: a server
+        id, a nats-route:// (or nats://) URL with a host and a port, not our own
+        listen address, no credentials of its choosing; and at most
+        MAX_IMPLICIT_DIALS such dials are under way at once."""
+        sid = info.get("server_id")
+        account = info.get("route_account")
+        if not self._plausible_server_id(sid) or sid == self.server.server_id:
             return
         remote = self.remotes.get(sid)
-        if remote is not None and remote.routes():
+        if account:
+            if self.pool_size <= 0 or not isinstance(account, str) \
+                    or account not in self.server.accounts:
+                return
+            if remote is not None and usable(remote.pinned.get(account)):
+                return
+        elif remote is not None and (remote.no_pool or any(r is not None for r in remote.pool)):
             return
-        url = info.get("ip") or ""
-        if not url:
+        url = self._gossip_url(info.get("ip"))
+        if url is None:
+            self.server.log.debug("Ignoring implicit route of %r: not a route URL: %r",
+                                  sid, info.get("ip"))
             return
         if self._configured(url, info):
             return
-        self.server.log.debug("Connecting to implicit route %s", url)
-        self.solicit(Solicit(url, explicit=False))
+        key = (url, account or None)
+        if key in self._implicit:
+            return
+        if len(self._implicit) >= MAX_IMPLICIT_DIALS:
+            self.server.log.warn("Not connecting to implicit route %s: %d implicit routes "
+                                 "are being dialled already", url, len(self._implicit))
+            return
+        self.server.log.debug("Connecting to implicit route %s%s", url,
+                              " for account %r" % account if account else "")
+        self._implicit.add(key)
+        if self._nursery is not None:
+            self._nursery.start_soon(self._solicit_loop,
+                                     Solicit(url, False, account or None, bool(account)))
+
+    @staticmethod
+    def _plausible_server_id(sid) -> bool:
+        return isinstance(sid, str) and 0 < len(sid) <= 128 and \
+            sid.replace("-", "").replace("_", "").isalnum()
+
+    def _gossip_url(self, ip) -> str | None:
+        if not isinstance(ip, str) or len(ip) > 512:
+            return None
+        try:
+            u = urlsplit(ip)
+            port = u.port
+        except ValueError:
+            return None
+        if u.scheme not in ("nats-route", "nats") or not u.hostname or not port:
+            return None
+        host = u.hostname
+        if port == self.port and host in {"127.0.0.1", "::1", "localhost",
+                                          self.copts.host or "0.0.0.0",
+                                          self.copts.advertise.rpartition(":")[0]}:
+            return None         # ourselves
+        return "nats-route://%s:%d/" % ("[%s]" % host if ":" in host else host, port)
 
     def _configured(self, url: str, info: dict) -> bool:
         want = {(urlsplit(url).hostname, urlsplit(url).port),

@@ -860,3 +860,61 @@ def test_a_peer_cannot_hold_subscriptions_without_bound(procs):
         await nr.close()
     run(main())
 
+
+def test_gossip_dials_only_plausible_peers_and_not_too_many_at_once(procs):
+    """A route peer's INFO about other servers (processImplicitRoute) can name any
+    address: natsjs dials only what looks like a cluster member, not itself, and at
+    most 32 gossiped routes at once."""
+    import select
+    fake_id = "N" + "F" * 55
+    a = start("natsjs", "-D", *cluster_args())
+    procs.append(a)
+    peer = socket.create_connection(("127.0.0.1", a.cluster_port), timeout=TIMEOUT)
+    _read_until(peer, b"INFO ")
+    peer.sendall(b'CONNECT {"name":"%s","cluster":"C1","headers":true}\r\nINFO {"server_id":'
+                 b'"%s","server_name":"fake","cluster":"C1","headers":true,"port":1}\r\n'
+                 % (fake_id.encode(), fake_id.encode()))
+    wait_until(lambda: remote_ids(a) == {fake_id}, "the scripted peer registered")
+
+    def listener():
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        s.setblocking(False)
+        return s
+    bait, targets = listener(), [listener() for _ in range(40)]
+
+    def gossip(sid, ip):
+        info = {"server_id": sid, "server_name": sid, "cluster": "C1", "ip": ip}
+        peer.sendall(b"INFO " + json.dumps(info).encode() + b"\r\n")
+    bait_url = "nats-route://127.0.0.1:%d/" % bait.getsockname()[1]
+    gossip("not an id!", bait_url)
+    gossip("NBOGUS1", "http://127.0.0.1:%d/" % bait.getsockname()[1])
+    gossip("NBOGUS2", "nats-route://127.0.0.1:%d/" % a.cluster_port)     # itself
+    for i, t in enumerate(targets):
+        gossip("NGOSSIP%d" % i, "nats-route://127.0.0.1:%d/" % t.getsockname()[1])
+    wait_until(lambda: a.text().count("implicit routes are being dialled already") == 8,
+               "the 8 gossiped routes over the bound to be refused")
+    accepted = []
+    deadline = time.monotonic() + TIMEOUT
+    while len(accepted) < 32 and time.monotonic() < deadline:
+        ready, _, _ = select.select(targets, [], [], 0.5)
+        for t in ready:
+            accepted.append(t.accept()[0])
+    assert len(accepted) == 32
+    assert not select.select(targets + [bait], [], [], 0)[0]
+    for s in accepted + targets + [bait, peer]:
+        s.close()
+
+
+@pytest.mark.parametrize("kinds", [("natsjs", "reference", "natsjs"),
+                                   ("reference", "natsjs", "natsjs")])
+def test_members_that_meet_through_gossip_get_every_connection(procs, kinds):
+    """Two servers that route to a seed meet through gossip; their dedicated ($SYS)
+    connection comes from the seed gossiping dedicated routes too
+    (forwardNewRouteInfoToKnownServers with route_account)."""
+    servers = three(procs, kinds)
+    for s in servers:
+        wait_until(lambda: sorted(r.get("account", "") for r in http_json(s, "/routez")
+                                  ["routes"]) == [""] * 6 + ["$SYS"] * 2,
+                   "3 pooled and 1 $SYS route to each of 2 peers")
