@@ -492,7 +492,7 @@ cdef size_t _enc_fast(uint8_t* dst, const uint8_t* src, size_t n, uint32_t* tabl
     cdef int tb = _bits_for(n, 9, 16)
     cdef size_t s_limit = n - _INPUT_MARGIN
     cdef size_t dst_limit = _bail_limit(n)
-    cdef size_t d = 0, next_emit = 0, s = 1, cand, cand1, cand2, next_s, base, e, off
+    cdef size_t d = 0, next_emit = 0, s = 1, cand, cand1, cand2, next_s, base, e, off, i
     cdef size_t last_off = 0
     cdef uint64_t cv, x
     cdef uint32_t h0, h1, h2
@@ -559,6 +559,7 @@ cdef size_t _enc_fast(uint8_t* dst, const uint8_t* src, size_t n, uint32_t* tabl
         # Emit this match, then keep emitting while the bytes right after it match too.
         while True:
             off = s - cand
+            base = s
             e = s + 4 + _match_len(src + s + 4, src + cand + 4, n - s - 4)
             d += _emit_match(dst + d, off, e - s, last_off, snappy)
             last_off = off
@@ -569,6 +570,13 @@ cdef size_t _enc_fast(uint8_t* dst, const uint8_t* src, size_t n, uint32_t* tabl
                 break
             if d > dst_limit:
                 return 0
+            # Every fourth position inside the match goes into the table too (the
+            # reference indexes only around its end): repeated records then find a
+            # recent copy of any part of them.
+            i = base + 1
+            while i < e - 2:
+                table[_h6(_ld64(src + i), tb)] = <uint32_t>i
+                i += 4
             x = _ld64(src + s - 2)
             table[_h6(x, tb)] = <uint32_t>(s - 2)
             h0 = _h6(x >> 16, tb)
@@ -592,7 +600,7 @@ cdef size_t _enc_fast(uint8_t* dst, const uint8_t* src, size_t n, uint32_t* tabl
 # longest of both table candidates and the long candidate one byte later wins (a repeat
 # of the previous offset is not tried first: on route traffic it took short repeats
 # where a table candidate ran longer), and every other position inside an emitted match
-# goes into the long table.
+# goes into the tables.
 
 cdef inline void _index_better(uint32_t* ltab, uint32_t* stab, int lb, int sb,
                                const uint8_t* src, size_t base, size_t e) noexcept nogil:
@@ -602,15 +610,18 @@ cdef inline void _index_better(uint32_t* ltab, uint32_t* stab, int lb, int sb,
     stab[_h4(_ld64(src + base + 2), sb)] = <uint32_t>(base + 2)
     ltab[_h7(_ld64(src + e - 2), lb)] = <uint32_t>(e - 2)
     stab[_h4(_ld64(src + e - 1), sb)] = <uint32_t>(e - 1)
-    # Every other position inside the match goes into the long table, walked from
-    # both halves at once: records that repeat (JSON keys, log prefixes) then find
-    # their earlier copies wherever a previous match happened to cover them.
+    # Every other position inside the match goes into the long table (and the one
+    # after it into the short table), walked from both halves at once: records that
+    # repeat (JSON keys, log prefixes) then find their earlier copies wherever a
+    # previous match happened to cover them.
     i = base + 2
     last = e - 3
     j = (i + last + 1) >> 1
     while j < last:
         ltab[_h7(_ld64(src + i), lb)] = <uint32_t>i
         ltab[_h7(_ld64(src + j), lb)] = <uint32_t>j
+        stab[_h4(_ld64(src + i + 1), sb)] = <uint32_t>(i + 1)
+        stab[_h4(_ld64(src + j + 1), sb)] = <uint32_t>(j + 1)
         i += 2
         j += 2
 
