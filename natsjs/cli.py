@@ -50,6 +50,9 @@ Cluster Options:
         --cluster_advertise <string> Cluster URL to advertise to other servers
         --connect_retries <number>   For implicit routes, number of connect retries
         --cluster_listen <url>       Cluster url from which members can solicit routes
+        --cluster_max_subs <number>  Most subscriptions one cluster peer may hold here
+                                     (natsjs only; default 1048576; beyond it they are
+                                     ignored and logged)
 
 TLS Options:
         --tls                        Enable TLS, do not verify clients (default: false)
@@ -104,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no_advertise", "-no_advertise", dest="no_advertise", nargs="?",
                    const="true")
     p.add_argument("--connect_retries", "-connect_retries", dest="connect_retries", type=int)
+    p.add_argument("--cluster_max_subs", "-cluster_max_subs", dest="cluster_max_subs", type=int)
     p.add_argument("-js", "--jetstream", "-jetstream", dest="jetstream", action="store_true")
     p.add_argument("-sd", "--store_dir", "-store_dir", dest="store_dir")
     p.add_argument("--tls", "-tls", dest="tls", action="store_true")
@@ -189,7 +193,7 @@ def _cluster_from_flags(ns, cluster):
     from natsjs.options import ClusterOptions
     if not any(v is not None for v in (ns.cluster_url, ns.routes, ns.cluster_name,
                                         ns.cluster_advertise, ns.no_advertise,
-                                        ns.connect_retries)):
+                                        ns.connect_retries, ns.cluster_max_subs)):
         return None
     changes = {}
     if ns.cluster_url:
@@ -212,6 +216,8 @@ def _cluster_from_flags(ns, cluster):
         changes["no_advertise"] = _bool(ns.no_advertise)
     if ns.connect_retries is not None:
         changes["connect_retries"] = ns.connect_retries
+    if ns.cluster_max_subs is not None:
+        changes["max_remote_subs"] = ns.cluster_max_subs
     return dataclasses.replace(cluster or ClusterOptions(), **changes)
 
 

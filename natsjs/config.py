@@ -12,7 +12,7 @@ import dataclasses
 
 from natsjs import conf
 from natsjs.accounts import check_imports, parse_accounts
-from natsjs.auth import parse_authorization
+from natsjs.auth import Permissions, parse_authorization, parse_permissions
 from natsjs.options import COMPRESSION_MODES, ClusterOptions, ServerOptions
 from natsjs.tls import TLSConfig
 
@@ -84,10 +84,28 @@ def parse_compression(value, path: str = "") -> tuple[str, tuple[float, ...] | N
     return mode, thresholds
 
 
-def parse_cluster(value, path: str = "") -> ClusterOptions:
+def parse_cluster_permissions(value, where: str) -> Permissions:
+    """``cluster { permissions { import, export } }`` (opts.go parseCluster): import is
+    kept as the publish side, export as the subscribe side, plain subjects only."""
+    from natsjs._core.sublist import valid_subject
+    perms = parse_permissions(value)
+    if perms.response is not None:
+        raise ValueError("%s: Cluster permissions do not support dynamic responses" % where)
+    for what, sp in (("import", perms.publish), ("export", perms.subscribe)):
+        for kind, subjects in (("allow", sp.allow if sp else None),
+                               ("deny", sp.deny if sp else None)):
+            for subject in subjects or ():
+                if not valid_subject(subject.encode()):
+                    raise ValueError('%s: cluster %s %s: subject "%s" is not a valid subject'
+                                     % (where, what, kind, subject))
+    return perms
+
+
+def parse_cluster(value, path: str = "", warn=None) -> ClusterOptions:
     if not isinstance(value, dict):
         raise ValueError("cluster: expected a map, got %r" % (value,))
     kw: dict = {}
+    auth_perms = None
     for key, v in value.items():
         k = key.lower()
         if k == "name":
@@ -124,6 +142,12 @@ def parse_cluster(value, path: str = "") -> ClusterOptions:
                     kw["password"] = str(av)
                 elif lak == "timeout":
                     kw["auth_timeout"] = parse_duration(av)
+                elif lak in ("permissions", "permission"):
+                    where = _where(v, ak, path)
+                    auth_perms = parse_cluster_permissions(av, where)
+                    if warn is not None:
+                        warn('%s: setting "permissions" within cluster authorization block '
+                             'is deprecated' % where)
                 else:
                     raise ValueError('%s: unknown field "%s"' % (_where(v, ak, path), ak))
         elif k == "pool_size":
@@ -141,7 +165,9 @@ def parse_cluster(value, path: str = "") -> ClusterOptions:
             kw["max_pings_out"] = int(v)
         elif k == "tls":
             kw["tls"] = TLSConfig.from_conf(v)
-        elif k in ("permissions", "write_deadline", "write_timeout"):
+        elif k == "permissions":
+            kw["permissions"] = parse_cluster_permissions(v, _where(value, key, path))
+        elif k in ("write_deadline", "write_timeout"):
             continue   # not implemented yet: accepted so documented configs load
         elif isinstance(value, conf.ConfMap) and value.is_used_variable(key):
             continue
@@ -149,6 +175,8 @@ def parse_cluster(value, path: str = "") -> ClusterOptions:
             raise ValueError('%s: unknown field "%s"' % (_where(value, key, path), key))
     if kw.get("pool_size") == 0:
         kw["pool_size"] = 3
+    if auth_perms is not None and "permissions" not in kw:
+        kw["permissions"] = auth_perms   # the top-level block wins (opts.go)
     return ClusterOptions(**kw)
 
 
@@ -220,7 +248,7 @@ def options_from_mapping(mapping: dict, base: ServerOptions, warn=None,
         elif k == "lame_duck_grace_period":
             changes["lame_duck_grace_period"] = parse_duration(value)
         elif k == "cluster":
-            changes["cluster"] = parse_cluster(value, path)
+            changes["cluster"] = parse_cluster(value, path, warn)
         elif k == "tls":
             changes["tls"] = TLSConfig.from_conf(value, warn=warn)
         elif k == "jetstream":

@@ -41,6 +41,14 @@ STALL_WAIT = 0.005
 LINGER = 1.0
 # Compressed bytes decoded per step (see Connection._feed_s2).
 S2_SLICE = 4096
+# A compressed connection's flush waits while the producers of the moment keep adding
+# to it (S2 blocks start with an empty history, so longer blocks compress better: on
+# route traffic 64 KiB flushes give 2.72 at s2_fast, 1 MiB ones 2.88), until it holds
+# one S2 block (the reference writer's block size) or nothing came for this many
+# scheduling rounds.  Only a busy connection waits long; an idle one sends after a
+# couple of rounds.
+S2_FLUSH_MAX = 1 << 20
+S2_QUIET_ROUNDS = 2
 
 # Reasons a connection closed, as nats-server names them in /connz.
 CLIENT_CLOSED = "Client Closed"
@@ -136,13 +144,18 @@ class Connection:
         self._deferred = (step, args)
         self.core.pause = True
 
-    def close(self, reason: str, err: str | None = None) -> None:
-        """Close from any task: queue ``-ERR`` if given, flush what we can, cancel."""
+    def close(self, reason: str, err: str | None = None, graceful: bool = False) -> None:
+        """Close from any task: queue ``-ERR`` if given, flush what we can, cancel.
+
+        With an error, or ``graceful``, everything queued is written and the socket
+        half-closed and drained before it is closed (``_linger_close``).
+        """
         if self.closed_reason is not None:
             return
         self.closed_reason = reason
         if err is not None:
             self.core.enqueue(b"-ERR '%s'\r\n" % err.encode())
+        if err is not None or graceful:
             self._linger = True
         self.core.closed = True
         self._try_send()
@@ -315,8 +328,14 @@ class Connection:
 
     def flush(self) -> None:
         """Called once per read batch for every connection written to."""
-        if not self.write_blocked:
-            self._try_send()
+        if self.write_blocked:
+            return
+        if self.s2_writer is not None:
+            # The write loop gathers more before compressing (see S2_FLUSH_MAX).
+            self.write_blocked = True
+            self._wake.unpark()
+            return
+        self._try_send()
 
     def _outgoing(self) -> bytearray:
         """The bytes to put on the wire next (compressing what the core queued)."""
@@ -354,6 +373,8 @@ class Connection:
         while True:
             if not self.write_blocked:
                 await self._wake.park()
+            if self.s2_writer is not None:
+                await self._gather()
             while True:
                 out = self._outgoing()
                 if not out:
@@ -379,6 +400,17 @@ class Connection:
                 del out[:n]
             self.write_blocked = False
             self._drained.unpark_all()
+
+    async def _gather(self) -> None:
+        """Let a compressed flush grow while producers keep adding to it."""
+        out = self.core.out
+        size = len(out)
+        quiet = 0
+        while size < S2_FLUSH_MAX and quiet < S2_QUIET_ROUNDS:
+            await trio.lowlevel.checkpoint()
+            grown = len(out)
+            quiet = quiet + 1 if grown == size else 0
+            size = grown
 
     async def wait_drained(self, timeout: float) -> None:
         """Let a producer wait (briefly) for this connection to catch up."""

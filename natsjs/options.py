@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from natsjs.accounts import DEFAULT_SYSTEM_ACCOUNT, AccountConfig
-from natsjs.auth import AuthOptions
+from natsjs.auth import AuthOptions, Permissions
 from natsjs.jetstream.config import AccountJSLimits, JetStreamOptions
 from natsjs.tls import TLSConfig
 
@@ -32,6 +32,7 @@ RANDOM_PORT = -1
 
 DEFAULT_ROUTE_POOL_SIZE = 3
 DEFAULT_RTT_THRESHOLDS = (0.010, 0.050, 0.100)
+DEFAULT_MAX_REMOTE_SUBS = 1 << 20
 # Route compression modes (server/route.go, server/opts.go).
 COMPRESSION_OFF = "off"
 COMPRESSION_ACCEPT = "accept"
@@ -67,6 +68,12 @@ class ClusterOptions:
     ping_interval: float = 0.0
     max_pings_out: int = 0
     tls: TLSConfig | None = None
+    # What routes may import (publish: interest we send) and export (subscribe:
+    # interest we accept), server/opts.go setClusterPermissions.
+    permissions: Permissions | None = None
+    # Subscriptions one peer server may hold here (natsjs's own bound: nats-server has
+    # none, and a remote subscription costs about 2 KB here).
+    max_remote_subs: int = DEFAULT_MAX_REMOTE_SUBS
 
     def validate(self) -> None:
         if self.compression not in COMPRESSION_MODES:
@@ -77,6 +84,8 @@ class ClusterOptions:
             raise ValueError("duplicate account name in cluster accounts")
         if list(self.rtt_thresholds) != sorted(self.rtt_thresholds):
             raise ValueError("compression rtt_thresholds must be in ascending order")
+        if self.max_remote_subs < 1:
+            raise ValueError("cluster_max_subs must be positive")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ Registration, pooling, gossip and interest propagation live in natsjs/cluster.py
 """
 from __future__ import annotations
 
+import collections
 import random
 import socket
 from typing import TYPE_CHECKING
@@ -99,7 +100,14 @@ class Route(Connection):
         super().__init__(server, sock, rid, addr, core)
         self.cluster = cluster
         self.solicit = solicit
-        self.did_solicit = solicit is not None
+        # ``dialled``: this server opened the TCP connection (fixed; the handshake
+        # depends on it).  ``did_solicit`` is nats-server's flag of the same name: it
+        # starts equal, and a kept connection takes it over from a duplicate that we
+        # dialled, so that the kept one is redialled if it drops (route.go
+        # handleDuplicateRoute, upgradeRouteToSolicited).
+        self.dialled = solicit is not None
+        self.did_solicit = self.dialled
+        self.retry = False               # redial this one even if accepted (see above)
         self.account = solicit.account if solicit is not None else None
         self.remote_id = ""
         self.remote_name = ""
@@ -111,13 +119,20 @@ class Route(Connection):
         self.info_received = False
         self.compression = COMPRESSION_OFF
         self.compression_negotiated = False
-        self.chain_next = False          # dial the next pool slot on our PING's PONG
         self.no_reconnect = False
+        # Being wound down (a reload shrank the pool or unpinned the account): nothing
+        # new is placed on it, and it closes once neither side routes through it.
+        self.retiring = False
+        self.ponged = False              # the peer has answered a PING of ours
         self.remote_subs: dict[tuple, Subscription] = {}
         self._pings_sent = 0
         self._checking = False           # a bcrypt check of the CONNECT is running
+        # One entry per PING in flight, in order: what to do when its PONG comes
+        # (None for keepalives).  A PONG means the peer has processed everything we
+        # sent before the PING, and everything it sent before the PONG is here.
+        self._pong_waiters: collections.deque = collections.deque()
         self.log_prefix = "%s:%d - rid:%d - " % (self.host, self.port, rid)
-        if not self.did_solicit:
+        if not self.dialled:
             core.connect_required = True   # the acceptor wants CONNECT first
 
     # ---- lifecycle -------------------------------------------------------------
@@ -127,7 +142,7 @@ class Route(Connection):
         self.server.log.info(self.log_prefix + "Route connection created")
         if cluster.tls_accept is not None and not await self._tls_handshake():
             return False
-        if self.did_solicit:
+        if self.dialled:
             self.send(cluster.connect_line(self.solicit))
             if not self._delay_info():
                 self.send(cluster.info_line(self, initial=True))
@@ -141,7 +156,7 @@ class Route(Connection):
 
         from natsjs.tls import TLS_HANDSHAKE_FAILURE, TLSHandshakeError, TLSTransport
         cluster = self.cluster
-        if self.did_solicit:
+        if self.dialled:
             url = self.solicit.url
             host = urlsplit(url if "://" in url else "nats-route://" + url).hostname
             t = TLSTransport(self.sock, cluster.tls_dial, server_side=False,
@@ -159,11 +174,11 @@ class Route(Connection):
 
     def _delay_info(self) -> bool:
         copts = self.cluster.copts
-        return self.did_solicit and (needs_compression(copts.compression) or (
+        return self.dialled and (needs_compression(copts.compression) or (
             self.account is None and copts.pool_size >= 1))
 
     def start_tasks(self, nursery: trio.Nursery) -> None:
-        if not self.did_solicit and self.cluster.copts.username:
+        if not self.dialled and self.cluster.copts.username:
             nursery.start_soon(self._auth_timeout)
 
     async def _auth_timeout(self) -> None:
@@ -186,28 +201,39 @@ class Route(Connection):
             interval = min(interval, FIRST_PING_INTERVAL) * (1 + random.random() * 0.2)
         return interval, copts.max_pings_out or opts.max_pings_out
 
-    def send_ping(self) -> None:
+    def send_ping(self, waiter=None) -> None:
         self._pings_sent += 1
+        self._pong_waiters.append(waiter)
         super().send_ping()
+
+    def after_pong(self, waiter) -> None:
+        """Call ``waiter()`` once the peer has answered a PING sent now."""
+        self.send_ping(waiter)
 
     def _process_pong(self) -> None:
         measured = bool(self._ping_at)
+        self.ponged = True
         self.note_pong()
         if measured and self.cluster.copts.compression == COMPRESSION_S2_AUTO \
                 and self.s2_writer:
             self.set_s2_level(level_for_rtt(self.rtt, self.cluster.copts.rtt_thresholds))
-        if self.chain_next:
-            self.chain_next = False
-            self.cluster.dial_next_pool_conn(self)
+        waiter = self._pong_waiters.popleft() if self._pong_waiters else None
+        if waiter is not None and self.closed_reason is None:
+            waiter()
 
     # ---- compression -----------------------------------------------------------
 
     def set_s2_level(self, mode: str) -> None:
-        """Compress what we write from now on at ``mode`` (a new stream per flush)."""
+        """Compress what we write from now on at ``mode``: the first call starts the
+        connection's S2 stream, later ones change its level in place."""
         from natsjs._core.s2 import S2Writer
-        if self.s2_writer is not None and self.compression == mode:
-            return
         self.compression = mode
+        if self.s2_writer is not None:
+            self.s2_writer.level = S2_LEVELS[mode]
+            return
+        # Whatever is still queued went out before the switch: it stays uncompressed.
+        self._zout += self.core.out
+        del self.core.out[:]
         self.s2_writer = S2Writer(S2_LEVELS[mode])
 
     def switch_reader(self) -> None:
@@ -235,8 +261,15 @@ class Route(Connection):
         elif op == P.CONNECT:
             self._process_connect(args)
         elif op == P.ERR:
-            self.server.log.error(self.log_prefix + "Route Error %s",
-                                  args.decode("utf-8", "replace"))
+            err = args.decode("utf-8", "replace")
+            self.server.log.error(self.log_prefix + "Route Error %s", err)
+            if "Invalid route pool index" in err:
+                self.no_reconnect = True     # the peer's pool is smaller than we thought
+            if self.account is not None and "No route for account" in err:
+                # The peer does not pin this account (route.go addRoute): carry it on
+                # the pool to that server rather than redial forever.
+                self.no_reconnect = True
+                self.cluster.dedicated_refused(self)
             self.close(PROTOCOL_VIOLATION)
         elif op in (P.OK, P.LS_PLUS, P.LS_MINUS):
             pass   # leafnode interest: nothing here uses it
@@ -311,7 +344,7 @@ class Route(Connection):
         if self.info_received:
             cluster.async_route_info(self, info)
             return
-        if not self.did_solicit and info.get("server_name") == server.name:
+        if not self.dialled and info.get("server_name") == server.name:
             server.log.error(self.log_prefix + "Remote server has a duplicate name: %r",
                              server.name)
             self.close(DUPLICATE_SERVER_NAME)
@@ -333,7 +366,7 @@ class Route(Connection):
                     self._start_compression(mode)
                     return
                 self.compression = mode
-            send_delayed = self.did_solicit
+            send_delayed = self.dialled
         else:
             self.compression = COMPRESSION_NOT_SUPPORTED if not info.get("compression") \
                 else COMPRESSION_OFF
@@ -353,7 +386,7 @@ class Route(Connection):
         Both read S2 from the byte after the INFO being processed.
         """
         cluster = self.cluster
-        if self.did_solicit:
+        if self.dialled:
             self.send(cluster.info_line(self, initial=False, negotiated=mode, with_slot=False))
             self.set_s2_level(mode)
         else:

@@ -377,17 +377,24 @@ def test_decode_block_fuzz_only_raises_s2error(garbage):
 # Stream framing: writer
 
 
-def test_writer_frames_each_flush_as_a_complete_stream():
+def test_writer_keeps_one_stream_across_flushes():
     w = S2Writer("fast")
+    assert not w.started
     a, b = w.compress(b"PING\r\n"), w.compress(route_mix(1, 5000))
-    # nats-server resets its writer per flush, so every flush repeats the identifier.
-    assert a.startswith(IDENT) and b.startswith(IDENT)
+    # The identifier opens the connection's stream once; later flushes are chunks only.
+    assert a.startswith(IDENT) and not b.startswith(IDENT) and w.started
     assert w.compress(b"") == b""
     (t, _, _), (t1, crc1, body1) = chunks(a)
     assert t == 0xFF and t1 == 0x01 and body1 == b"PING\r\n" and crc1 == masked_crc(b"PING\r\n")
-    kinds = [c[0] for c in chunks(b)]
+    kinds = [c[0] for c in chunks(IDENT + b)]
     assert kinds == [0xFF, 0x00]
-    assert S2Reader().feed(a + b) == b"PING\r\n" + route_mix(1, 5000)
+    # A level change (reload, s2_auto) continues the same stream.
+    w.level = "s2_best"
+    c = w.compress(route_mix(2, 5000))
+    assert w.level == "best" and not c.startswith(IDENT)
+    assert S2Reader().feed(a + b + c) == b"PING\r\n" + route_mix(1, 5000) + route_mix(2, 5000)
+    with pytest.raises(ValueError):
+        w.level = "zstd"
 
 
 def test_writer_falls_back_to_uncompressed_chunks():

@@ -76,6 +76,9 @@ cdef class ClientCore(Conn):
 cdef class RouteCore(Conn):
     cdef public dict sublists          # account name (bytes) -> Sublist
     cdef public bytes pinned_account   # set on a pinned-account route
+    # The server at the other end (the route itself until registered): a message goes
+    # to each peer once, even while its interest sits on two of its connections.
+    cdef public object peer
     cdef int write_rmsg(self, const unsigned char* acc, Py_ssize_t alen,
                         const unsigned char* subj, Py_ssize_t slen,
                         const unsigned char* reply, Py_ssize_t rlen,

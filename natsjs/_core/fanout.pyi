@@ -46,6 +46,7 @@ class ClientCore(Conn):
 class RouteCore(Conn):
     sublists: dict[bytes, Sublist]
     pinned_account: Optional[bytes]
+    peer: Any
     def __init__(self, on_op: Callable[[int, Any], Any], conn: Any = ...,
                  sublists: Optional[dict[bytes, Sublist]] = ..., max_control_line: int = ...,
                  max_payload: int = ..., max_pending: int = ...) -> None: ...

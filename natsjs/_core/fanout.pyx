@@ -422,10 +422,14 @@ cdef class ClientCore(Conn):
         return 0
 
     cdef Py_ssize_t route_target(self, Conn route) except -1:
-        """Index of ``route`` among this message's route targets (added if new)."""
+        """Index of ``route``'s server among this message's route targets (added if
+        new).  While interest moves from one connection to another (a reload that
+        pins an account or resizes the pool, natsjs/cluster.py) the peer's
+        subscriptions sit on both for a moment; the first one found carries it."""
         cdef Py_ssize_t i, n = len(self.rtargets)
+        cdef object peer = (<RouteCore>route).peer
         for i in range(n):
-            if self.rtargets[i] is route:
+            if (<RouteCore>self.rtargets[i]).peer is peer:
                 return i
         self.rtargets.append(route)
         if n < len(self.rqueues):
@@ -533,6 +537,7 @@ cdef class RouteCore(Conn):
         self.pinned_account = None
         self.headers = True
         self.is_route = True
+        self.peer = self
 
     cdef int process_msg(self, const unsigned char* msg) except -1:
         cdef Sublist sl

@@ -7,6 +7,7 @@ cdef class S2Writer:
     cdef int _level              # one of the LEVEL_* constants in s2.pyx
     cdef bint _snappy            # emit pure Snappy (no S2 extensions, sNaPpY id, 64 KiB blocks)
     cdef bint _busy              # compress() releases the GIL; refuse re-entry on the scratch
+    cdef bint _started           # the stream identifier is out: later flushes are chunks only
     cdef Py_ssize_t _block_size  # uncompressed bytes per chunk
     cdef uint32_t* _work         # hash tables / chains, reused across flushes
     cdef size_t _work_cap        # in uint32 entries
