@@ -35,6 +35,7 @@ import trio
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, rfc3339_nano
 from natsjs.jetstream.placement import Candidate, PlacementError, select_peers
+from natsjs.jetstream.raft import NotLeader as NotLeaderError
 from natsjs.jetstream.raft import RaftConfig
 from natsjs.jetstream.raft_driver import DirFiles, RaftService, RaftStorage, StateMachine
 
@@ -251,6 +252,10 @@ class JetStreamCluster:
             from natsjs.jetstream.cluster_api import on_consumer_info_request
             self.js.subscribe(sys_acc, b"$JSC.CINFO.*",
                               lambda *a: on_consumer_info_request(self, *a))
+            # The system account's JetStream requests (a $SYS user administers the meta
+            # group): leader step-down and server removal.
+            self.js.subscribe(sys_acc, b"$JS.API.META.LEADER.STEPDOWN", self._on_meta_stepdown)
+            self.js.subscribe(sys_acc, b"$JS.API.SERVER.REMOVE", self._on_server_remove)
             nursery.start_soon(self._info_loop)
             nursery.start_soon(self._meta_loop)
             task_status.started()
@@ -454,6 +459,103 @@ class JetStreamCluster:
         """A new meta leader re-places what lost peers to servers removed meanwhile."""
         await trio.sleep(0)
 
+    # ---- system account requests ----------------------------------------------------------
+
+    def _sys_reply(self, reply: bytes, rtype: str, err: ApiError | None = None) -> None:
+        body = {"type": T + rtype}
+        if err is not None:
+            body["error"] = err.to_dict()
+        else:
+            body["success"] = True
+        self.server.deliver(self.server.system_account, reply, None,
+                            json.dumps(body, separators=(",", ":")).encode())
+
+    def _on_meta_stepdown(self, sub, subject, reply, hdr, msg) -> None:
+        """$JS.API.META.LEADER.STEPDOWN: the meta leader hands over (optionally to the
+        server named in ``placement.preferred``)."""
+        rtype = "meta_leader_stepdown_response"
+        if not reply or self.meta is None:
+            return
+        if self.leaderless():
+            return self._sys_reply(reply, rtype, ApiError.of("JSClusterNotAvailErr"))
+        if not self.meta.is_leader():
+            return
+        body = msg[hdr:] if hdr and hdr > 0 else msg
+        to = None
+        try:
+            req = json.loads(body) if body.strip() else {}
+            preferred = (req.get("placement") or {}).get("preferred")
+        except (ValueError, AttributeError):
+            return self._sys_reply(reply, rtype, ApiError.of("JSBadRequestErr"))
+        if preferred:
+            to = self.peer_of_name(preferred)
+            if to is None or to not in self._meta_voters():
+                return self._sys_reply(reply, rtype, ApiError.of(
+                    "JSClusterNoPeersErrF", err="preferred server %s not known" % preferred))
+        try:
+            self.meta.transfer_leadership(to)
+        except Exception as exc:
+            return self._sys_reply(reply, rtype, ApiError.of("JSRaftGeneralErrF", err=str(exc)))
+        self._sys_reply(reply, rtype)
+
+    def _on_server_remove(self, sub, subject, reply, hdr, msg) -> None:
+        """$JS.API.SERVER.REMOVE: a server that will never return leaves the meta group;
+        what it held is placed elsewhere and caught up."""
+        if not reply or self.meta is None or not self.meta.is_leader():
+            return
+        body = msg[hdr:] if hdr and hdr > 0 else msg
+        try:
+            req = json.loads(body)
+            peer = req.get("peer_id") or self.peer_of_name(req.get("peer", ""))
+        except (ValueError, AttributeError):
+            peer = None
+        self._nursery.start_soon(self._server_remove, peer, reply)
+
+    async def _server_remove(self, peer, reply: bytes) -> None:
+        rtype = "meta_server_remove_response"
+        if peer is None or peer not in self._meta_voters():
+            return self._sys_reply(reply, rtype, ApiError.of("JSClusterServerNotMemberErr"))
+        try:
+            await self.propose_meta({"op": "peer_remove", "peer": peer})
+            try:
+                self.meta.remove_peer(peer)
+            except Exception as exc:
+                self.server.log.warn("JetStream cluster: removing %s from the meta group: %r",
+                                     self.node_name(peer), exc)
+            await self.replace_peer(peer)
+        except (trio.TooSlowError, NotLeaderError) as exc:
+            return self._sys_reply(reply, rtype, ApiError.of("JSClusterNotAvailErr"))
+        self._sys_reply(reply, rtype)
+
+    async def replace_peer(self, peer: str) -> None:
+        """Every stream (and its consumers) that had ``peer`` gets another one, placed by
+        the usual rules; Raft catches the new replica up."""
+        for sa in list(self.state.streams.values()):
+            peers = sa["group"]["peers"]
+            if peer not in peers:
+                continue
+            keep = [p for p in peers if p != peer]
+            try:
+                new = self.place(sa["cfg"], existing=keep, ignore=[peer])
+            except ApiError as err:
+                self.server.log.warn("JetStream cluster: no replacement for %s in stream "
+                                     "'%s > %s': %s", self.node_name(peer), sa["acc"],
+                                     sa["cfg"]["name"], err.description)
+                new = keep
+            await self.propose_meta({"op": "stream", "acc": sa["acc"], "cfg": sa["cfg"],
+                                     "group": dict(sa["group"], peers=new),
+                                     "created": sa["created"]})
+            for ca in list(self.state.consumers.values()):
+                if ca["acc"] == sa["acc"] and ca["stream"] == sa["cfg"]["name"] and \
+                        peer in ca["group"]["peers"]:
+                    cpeers = [p for p in ca["group"]["peers"] if p != peer]
+                    cpeers += [p for p in new if p not in cpeers][:1]
+                    await self.propose_meta({"op": "consumer", "acc": ca["acc"],
+                                             "stream": ca["stream"], "name": ca["name"],
+                                             "cfg": ca["cfg"],
+                                             "group": dict(ca["group"], peers=cpeers),
+                                             "created": ca["created"]})
+
     @property
     def meta_leader(self):
         return self.meta.leader if self.meta is not None else None
@@ -644,6 +746,16 @@ class JetStreamCluster:
 
     async def request(self, subject: bytes, payload: dict, timeout: float):
         """A request in the system account from server code; the decoded JSON reply."""
+        raw = await self.request_raw(subject, payload, timeout)
+        if raw is None:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return None
+
+    async def request_raw(self, subject: bytes, payload: dict, timeout: float):
+        """A request in the system account from server code; the reply's bytes."""
         sys_acc = self.server.system_account
         inbox = b"_INBOX.JSC.%s.%d" % (self.me.encode(), random.getrandbits(48))
         got = []
@@ -661,12 +773,7 @@ class JetStreamCluster:
                 await ev.wait()
         finally:
             self.js.unsubscribe(sys_acc, sub)
-        if not got:
-            return None
-        try:
-            return json.loads(got[0])
-        except ValueError:
-            return None
+        return got[0] if got else None
 
 
 __all__ = ["JetStreamCluster", "peer_id", "group_name", "rfc3339_nano"]

@@ -129,6 +129,9 @@ class Consumer:
         # A replicated consumer's replica (natsjs/jetstream/replicated.py) delivers only
         # while it leads its group.
         self.replica = None
+        # A replicated consumer's leader notes each delivery here, (stream seq, delivery
+        # seq, delivery count); the batch goes to the group after each round.
+        self._dlog: list | None = None
         self._leading = True
         # replay_policy original / rate_limit_bps (pacing.py): a message taken from the
         # store that must wait is held until the time it may go.
@@ -287,6 +290,7 @@ class Consumer:
         """A replicated consumer's replica: only the leader takes requests, acks and
         delivers (natsjs/jetstream/replicated.py)."""
         self._leading = leading
+        self._dlog = [] if leading else None
         if leading:
             self._subscribe()
             self._pending_reset()
@@ -486,6 +490,9 @@ class Consumer:
                     break
         finally:
             pub.done()
+            if self._dlog is not None and (self._dlog or (delivered and self.ack_none)):
+                self.cstore.delivered(self._dlog, self.st)
+                self._dlog = []
         if delivered:
             self._last_hb = trio.current_time()
         return delivered
@@ -572,8 +579,11 @@ class Consumer:
         now = self._now
         pend = st.pending
         dseq = first_dseq
+        dlog = self._dlog
         for seq, _, _ in out:
             pend[seq] = [dseq, now]
+            if dlog is not None:
+                dlog.append((seq, dseq, 1))
             dseq += 1
 
     def _first_waiting(self) -> PullRequest | None:
@@ -703,6 +713,8 @@ class Consumer:
             else:
                 # A redelivery keeps the original delivery sequence (trackPending).
                 p[1] = now
+            if self._dlog is not None:
+                self._dlog.append((seq, st.pending[seq][0], dc))
             self._state_changed = True
             if self.ack_fc and self._fcid is None and \
                     0 < self.cfg["max_ack_pending"] <= len(st.pending):

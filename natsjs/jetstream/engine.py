@@ -536,6 +536,8 @@ class JetStream:
             offset, limit = opts.get("offset", 0), opts.get("limit", 1024)
             out["account_details"] = details[offset:offset + limit]
         out["total"] = len(self.accounts)
+        if self.cluster is not None:
+            out["meta_cluster"] = self.cluster.meta_cluster_info()
         return out
 
     def _account_detail(self, jsa: JsAccount, opts: dict) -> dict:
@@ -569,6 +571,11 @@ class JetStream:
         if not self.enabled:
             return 503, {"status": "unavailable", "status_code": 503,
                          "error": "JetStream is not enabled"}
+        if self.cluster is not None and self.cluster.leaderless():
+            # server/monitor.go healthz: a clustered server is healthy once it has a
+            # meta leader.
+            return 503, {"status": "unavailable", "status_code": 503,
+                         "error": "JetStream has not established contact with a meta leader"}
         return 200, {"status": "ok"}
 
 

@@ -156,11 +156,12 @@ class Ready:
     6. ``leader`` (leader id or None, term) and ``role`` when they changed.
 
     ``more`` says there is further work to collect (a long apply backlog): call
-    ``ready()`` again.
+    ``ready()`` again.  ``applied`` is the applied index when it moved (entries that
+    are not for the state machine, such as a leader's no-op, move it too).
     """
 
     __slots__ = ("hard_state", "ops", "messages", "committed", "membership", "restore",
-                 "leader", "role", "more")
+                 "leader", "role", "more", "applied")
 
     def __init__(self):
         self.hard_state = None
@@ -172,11 +173,12 @@ class Ready:
         self.leader = None
         self.role = None
         self.more = False
+        self.applied = 0
 
     def __bool__(self):
         return bool(self.hard_state or self.ops or self.messages or self.committed or
                     self.membership or self.restore or self.leader or self.role or
-                    self.more)
+                    self.more or self.applied)
 
 
 class Progress:
@@ -274,6 +276,11 @@ class RaftNode:
 
     def is_leader(self) -> bool:
         return self.role == LEADER
+
+    def leader_caught_up(self) -> bool:
+        """Leader, and every entry of earlier terms is applied (this term's no-op is):
+        the state machine is the group's latest and may act as the leader."""
+        return self.role == LEADER and self.applied >= self._leader_first > 0
 
     def promotable(self) -> bool:
         return self.id in self.voters
@@ -1048,6 +1055,6 @@ class RaftNode:
                 committed.append((index, term, data))
             elif etype == ENTRY_CONFIG:
                 membership.append((index, decode_peers(data)))
-        self.applied = hi
+        self.applied = self._ready.applied = hi
         if hi < limit:
             self._ready.more = True

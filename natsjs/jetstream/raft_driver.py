@@ -374,6 +374,10 @@ class StateMachine:
     def leader_changed(self, leader, term: int) -> None:
         """``leader`` is the new leader's id (None while there is none)."""
 
+    def leader_ready(self, term: int) -> None:
+        """This node leads ``term`` and has applied every entry before it: what only a
+        leader does (deliveries, timers) may start from an up-to-date state."""
+
 
 class RaftService:
     """Runs one RaftNode: timers, message intake, fsync with group commit, effects."""
@@ -386,6 +390,7 @@ class RaftService:
         (``Engine.fsync``, natsjs/_core/syncer.pyx), which needs no GIL hand-offs.  The
         default runs ``Sync.run`` in a trio worker thread."""
         self.id = node_id
+        self._ready_term = -1
         self._fsync = fsync or _thread_fsync
         self.sync_errors = 0
         self.storage = storage
@@ -586,6 +591,10 @@ class RaftService:
             self.fsm.apply(r.committed)
         if r.leader is not None:
             self.fsm.leader_changed(*r.leader)
+        node = self.node
+        if self._ready_term != node.term and node.leader_caught_up():
+            self._ready_term = node.term
+            self.fsm.leader_ready(node.term)
         if self.applied != self.node.applied or r.leader is not None or r.role is not None:
             self.applied = self.node.applied
             self._notify()

@@ -29,10 +29,11 @@ import trio
 
 from natsjs._core.filelog import FileLog
 from natsjs.jetstream.errors import ApiError
+from natsjs.jetstream.jstime import now_ns
 from natsjs.jetstream.raft import NotLeader, RaftConfig
 from natsjs.jetstream.raft_driver import DirFiles, RaftService, RaftStorage, StateMachine
 from natsjs.jetstream.store import (META, MSGS, OBS, ConsumerState, MemConsumerStore,
-                                    open_message_log, write_json_atomic, _apply_op,
+                                    open_message_log, write_json_atomic,
                                     OP_ACK, OP_FLOOR)
 from natsjs.jetstream.stream import Stream
 
@@ -111,11 +112,19 @@ class ReplicatedStream(StateMachine):
         log = FileLog(os.path.join(self.path, "raft", "log"))
         storage = RaftStorage(log, files)
         transport, self._inbox = cluster.transport.attach(self.group)
-        # The store goes back to where the last snapshot says it was; the log after
-        # that point is applied again (restore() first, if there is a snapshot).
-        self._reset_store(None)
+        self.catching_up = False
+        self._held: list = []          # entries committed while catching up
+        # The store goes back to where the last snapshot says it was (restore(), called
+        # by the service when there is one; empty otherwise); the log after that point
+        # is applied again.
         self.raft = RaftService(cluster.me, storage, transport, self, peers=self.peers,
                                 config=RaftConfig(), fsync=self.js.fsync)
+        if storage.snapshot is None:
+            self._reset_store(None)
+        from natsjs.jetstream import catchup
+        self._cu_sub = self.js.subscribe(
+            self.server.system_account, b"$JSC.CU.%s" % self.group.encode(),
+            lambda *a: catchup.serve(self, *a))
         jsa.streams[self.name] = self.stream
         self.js.start_stream(self.stream)
         self.js.spawn(self._run)
@@ -196,6 +205,9 @@ class ReplicatedStream(StateMachine):
         return slot[1]
 
     def apply(self, entries: list) -> None:
+        if self.catching_up:
+            self._held.extend(entries)
+            return
         stream = self.stream
         replies = []
         for index, term, data in entries:
@@ -288,6 +300,7 @@ class ReplicatedStream(StateMachine):
                 self.server.log.warn("JetStream cluster: stream '%s > %s' is behind its "
                                      "snapshot (%d < %d); catching up", self.acc_name,
                                      self.name, store.last_seq, state["last_seq"])
+                self.catching_up = True
                 self.js.spawn(self._catch_up, store.last_seq + 1, state["last_seq"])
             else:
                 self._reset_store(state)
@@ -295,6 +308,11 @@ class ReplicatedStream(StateMachine):
     async def _catch_up(self, first: int, last: int) -> None:
         from natsjs.jetstream import catchup
         await catchup.fetch(self, first, last)
+
+    def resume_after_catch_up(self) -> None:
+        held, self._held = self._held, []
+        if held and not self.closed:
+            self.apply(held)
 
     # ---- membership and lifecycle ----------------------------------------------------------
 
@@ -324,6 +342,7 @@ class ReplicatedStream(StateMachine):
         self.closed = True
         self._scope.cancel()
         self.cluster.transport.detach(self.group)
+        self.js.unsubscribe(self.server.system_account, self._cu_sub)
         if self.jsa.streams.get(self.name) is self.stream:
             del self.jsa.streams[self.name]
         self.stream.stop(delete=delete)
@@ -366,6 +385,9 @@ class ReplicatedConsumer(StateMachine):
         self._scope = trio.CancelScope()
         self._answered_create = False
         self._waiters: dict[int, list] = {}
+        self._since_snapshot = 0
+        self._snapshotting = False
+        self._active = False
         stream = srep.stream
         self.path = os.path.join(srep.path, OBS, self.name)
         os.makedirs(self.path, exist_ok=True)
@@ -392,12 +414,23 @@ class ReplicatedConsumer(StateMachine):
         return "consumer %s > %s > %s" % (self.ca["acc"], self.ca["stream"], self.name)
 
     def is_leader(self) -> bool:
-        return self.raft.is_leader()
+        # The API sees a leader once it leads (leader_ready): a client that learns the
+        # new leader from consumer info finds its subscriptions in place.
+        return self._active and self.raft.is_leader()
 
     def leader_changed(self, leader, term: int) -> None:
+        if self._active:
+            # Leadership lost: stop delivering at once (leader_ready starts it again).
+            self._active = False
+            self.consumer.set_active_leader(False)
+
+    def leader_ready(self, term: int) -> None:
+        """Lead only once every entry of earlier terms is applied, so deliveries start
+        from what the group acknowledged, not from this replica's last view."""
         c = self.consumer
-        c.set_active_leader(leader == self.cluster.me)
-        if leader == self.cluster.me and not self._answered_create and self.ca.get("reply"):
+        self._active = True
+        c.set_active_leader(True)
+        if not self._answered_create and self.ca.get("reply"):
             self._answered_create = True
             resp = {"type": "io.nats.jetstream.api.v1.consumer_create_response", **c.info()}
             self.server.deliver(self.srep.jsa.account, self.ca["reply"].encode(), None,
@@ -406,30 +439,110 @@ class ReplicatedConsumer(StateMachine):
     # ---- state changes through the log ----------------------------------------------------
 
     def propose_state(self, op: int, a: int, b: int) -> int | None:
+        """An ack, term or floor move, with the ack floor it left (consumer.py records
+        after moving the floor)."""
+        st = self.consumer.st
+        return self._propose(E_STATE + _STATE.pack(op, a, b, st.asflr, st.adflr))
+
+    def propose_delivered(self, batch: list, st: ConsumerState) -> None:
+        """What the leader delivered in one round: followers track the same pending
+        messages, so a new leader redelivers what was never acknowledged."""
+        parts = [E_DELIVERED, _DHEAD.pack(st.sseq, st.dseq, st.asflr, st.adflr, len(batch))]
+        parts.extend(_DITEM.pack(*item) for item in batch)
+        self._propose(b"".join(parts))
+
+    def _propose(self, data: bytes) -> int | None:
         try:
-            return self.raft.propose(b"S" + struct.pack("<BQQ", op, a, b))
+            return self.raft.propose(data)
         except NotLeader:
             return None
 
     def apply(self, entries: list) -> None:
         c = self.consumer
+        # While active, every entry applied is this leader's own: its state changed when
+        # it proposed.  Before (catching up as leader) or as a follower, apply them.
+        leading = self._active
         for index, term, data in entries:
-            if data[:1] == b"S":
-                op, a, b = struct.unpack_from("<BQQ", data, 1)
-                if not self.is_leader():
-                    # The leader applied it when it happened; followers catch up here.
-                    _apply_op(c.st, op, a, b)
-                    if op == OP_DELIVERED:
-                        if a > c.st.sseq:
-                            c.st.sseq = a
-                        if b > c.st.dseq:
-                            c.st.dseq = b
-                    elif op == OP_ACK and c.stream.cfg["retention"] != "limits":
-                        # Interest and work queues: every replica drops what is acked.
-                        c.stream.check_interest_retention(a)
+            self._since_snapshot += 1
+            if not leading:
+                # The leader changed its state when it happened; followers follow here.
+                kind = data[:1]
+                if kind == E_STATE:
+                    self._follow_state(c, *_STATE.unpack_from(data, 1))
+                elif kind == E_DELIVERED:
+                    self._follow_delivered(c, data)
             slot = self._waiters.pop(index, None)
             if slot is not None:
                 slot[0].set()
+        if self._since_snapshot >= CONSUMER_SNAPSHOT_EVERY and not self._snapshotting:
+            self._snapshotting = True
+            self.js.spawn(self._snapshot)
+
+    @staticmethod
+    def _follow_floor(st: ConsumerState, asflr: int, adflr: int) -> None:
+        if asflr > st.asflr:
+            st.asflr = asflr
+            for s in [s for s in st.pending if s <= asflr]:
+                del st.pending[s]
+                st.rdc.pop(s, None)
+            st.acked_ahead = {s for s in st.acked_ahead if s > asflr}
+        if adflr > st.adflr:
+            st.adflr = adflr
+        if st.sseq <= st.asflr:
+            st.sseq = st.asflr + 1
+        if st.dseq <= st.adflr:
+            st.dseq = st.adflr + 1
+
+    def _follow_state(self, c, op: int, a: int, b: int, asflr: int, adflr: int) -> None:
+        st = c.st
+        if op == OP_ACK:
+            st.pending.pop(a, None)
+            st.rdc.pop(a, None)
+            if c.stream.cfg["retention"] != "limits":
+                # Interest and work queues: every replica drops what is acked.
+                c.stream.check_interest_retention(a)
+        elif op == OP_FLOOR and c.stream.cfg["retention"] != "limits":
+            for s in [s for s in st.pending if s <= a]:
+                c.stream.check_interest_retention(s)
+        self._follow_floor(st, asflr, adflr)
+
+    def _follow_delivered(self, c, data: bytes) -> None:
+        st = c.st
+        sseq, dseq, asflr, adflr, n = _DHEAD.unpack_from(data, 1)
+        now = now_ns()
+        off = 1 + _DHEAD.size
+        for _ in range(n):
+            s, d, dc = _DITEM.unpack_from(data, off)
+            off += _DITEM.size
+            if s <= st.asflr:
+                continue
+            p = st.pending.get(s)
+            if p is None:
+                st.pending[s] = [d, now]
+            else:
+                p[1] = now
+            if dc > 1:
+                st.rdc[s] = dc - 1
+        if sseq > st.sseq:
+            st.sseq = sseq
+        if dseq > st.dseq:
+            st.dseq = dseq
+        if c.ack_none and c.stream.cfg["retention"] != "limits" and asflr > st.asflr:
+            for s in range(st.asflr + 1, asflr + 1):
+                c.stream.check_interest_retention(s)
+        self._follow_floor(st, asflr, adflr)
+
+    async def _snapshot(self) -> None:
+        """The consumer's whole state replaces the log entries that built it."""
+        try:
+            index = self.raft.applied
+            state = self.consumer.st.to_json()
+            await self.raft.compact(index, json.dumps(state, separators=(",", ":")).encode())
+            self._since_snapshot = 0
+        except Exception as exc:
+            self.server.log.error("JetStream cluster: snapshot of %r failed: %r", self, exc)
+        finally:
+            self._snapshotting = False
 
     async def wait_committed(self, index: int, timeout: float = 5.0) -> bool:
         ev = trio.Event()
@@ -470,7 +583,12 @@ class ReplicatedConsumer(StateMachine):
         return self.cluster.cluster_info(self)
 
 
-OP_DELIVERED = 3
+E_STATE = b"S"          # <BQQqq> op, a, b and the ack floor after it
+E_DELIVERED = b"D"      # <QQqqI> next stream and delivery seq, ack floor, count; items
+_STATE = struct.Struct("<BQQqq")
+_DHEAD = struct.Struct("<QQqqI")
+_DITEM = struct.Struct("<QQI")     # stream seq, delivery seq, delivery count
+CONSUMER_SNAPSHOT_EVERY = 4096
 
 
 class ReplicaStateStore(MemConsumerStore):
@@ -487,6 +605,9 @@ class ReplicaStateStore(MemConsumerStore):
     def record(self, op: int, a: int, b: int) -> None:
         self._last = self.rep.propose_state(op, a, b)
 
+    def delivered(self, batch: list, state: ConsumerState) -> None:
+        self.rep.propose_delivered(batch, state)
+
     def dirty(self) -> bool:
         return self._last is not None
 
@@ -498,6 +619,5 @@ class ReplicaStateStore(MemConsumerStore):
                 raise OSError("consumer state not committed in time")
 
     def snapshot(self, state: ConsumerState) -> None:
-        # The delivered position is part of the group's state: followers learn it so a
-        # new leader does not start over from the ack floor.
-        self.rep.propose_state(OP_DELIVERED, state.sseq, state.dseq)
+        # The group's log carries every change; its own snapshots compact it.
+        pass

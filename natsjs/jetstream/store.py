@@ -113,6 +113,10 @@ class MemConsumerStore:
     def load(self):
         return None
 
+    def delivered(self, batch: list, state: ConsumerState) -> None:
+        """Deliveries a replicated consumer's leader made (replicated.py); a local
+        consumer's deliveries need no record."""
+
     def record(self, op: int, a: int, b: int) -> None:
         pass
 

@@ -1,0 +1,115 @@
+"""Catching a stream replica up with messages its Raft log no longer has.
+
+When a replica falls so far behind that its stream's leader has compacted the log past
+what it misses (a server down for a long time, a new peer after a peer-remove), Raft
+sends it a snapshot instead of the entries (natsjs/jetstream/replicated.py): the
+snapshot says how far the stream goes, not what it holds.  The replica then fetches
+the missing messages from the current leader, a chunk at a time (bounded memory on
+both sides): request ``{"first", "last"}`` on ``$JSC.CU.<group>`` in the system
+account; the leader's replica answers with up to ``CHUNK_MSGS`` messages (or
+``CHUNK_BYTES``) from its store, deleted ones skipped.  Entries committed meanwhile
+wait until the replica has caught up, then apply in order.
+"""
+from __future__ import annotations
+
+import json
+import struct
+
+import trio
+
+CHUNK_MSGS = 2048
+CHUNK_BYTES = 4 * 1024 * 1024
+_REC = struct.Struct("<QqHI")        # seq, ts, subject length, header length (or NO_HDR)
+NO_HDR = 0xFFFFFFFF
+
+
+def encode_chunk(store, first: int, last: int) -> tuple[bytes, int]:
+    """Messages of ``store`` from ``first`` up to ``last``: the chunk and the next
+    sequence to ask for."""
+    out = []
+    size = 0
+    seq = first
+    n = 0
+    while seq <= last and n < CHUNK_MSGS and size < CHUNK_BYTES:
+        rec = store.load_next(seq)
+        if rec is None or rec[0] > last:
+            seq = last + 1
+            break
+        s, subject, hdr, msg, ts = rec
+        out.append(_REC.pack(s, ts, len(subject), NO_HDR if hdr is None else len(hdr)))
+        out.append(subject)
+        if hdr is not None:
+            out.append(hdr)
+        out.append(struct.pack("<I", len(msg)))
+        out.append(msg)
+        size += len(subject) + len(hdr or b"") + len(msg) + 24
+        n += 1
+        seq = s + 1
+    return b"".join(out), seq
+
+
+def decode_chunk(data: bytes):
+    p = 0
+    n = len(data)
+    while p < n:
+        seq, ts, slen, hlen = _REC.unpack_from(data, p)
+        p += _REC.size
+        subject = data[p:p + slen]
+        p += slen
+        hdr = None
+        if hlen != NO_HDR:
+            hdr = data[p:p + hlen]
+            p += hlen
+        (mlen,) = struct.unpack_from("<I", data, p)
+        p += 4
+        yield seq, subject, hdr, data[p:p + mlen], ts
+        p += mlen
+
+
+def serve(rep, sub, subject, reply, hdr, msg) -> None:
+    """The leader's side: one chunk per request."""
+    if not reply or not rep.is_leader():
+        return
+    try:
+        req = json.loads(msg)
+        first, last = int(req["first"]), int(req["last"])
+    except (ValueError, KeyError, TypeError):
+        return
+    data, nxt = encode_chunk(rep.stream.store, first, last)
+    server = rep.server
+    body = struct.pack("<Q", nxt) + data
+    server.deliver(server.system_account, reply, None, body)
+
+
+async def fetch(rep, first: int, last: int) -> None:
+    """The lagging replica's side: ask the leader until ``last`` is in the store."""
+    cluster = rep.cluster
+    store = rep.stream.store
+    rep.catching_up = True
+    try:
+        seq = first
+        while seq <= last and not rep.closed:
+            leader = rep.raft.leader
+            if leader is None or leader == cluster.me:
+                await trio.sleep(0.2)
+                continue
+            resp = await cluster.request_raw(b"$JSC.CU.%s" % rep.group.encode(),
+                                             {"first": seq, "last": last}, 2.0)
+            if resp is None or len(resp) < 8:
+                await trio.sleep(0.2)
+                continue
+            (nxt,) = struct.unpack_from("<Q", resp, 0)
+            for s, subject, hdr, msg, ts in decode_chunk(resp[8:]):
+                if s > store.last_seq:
+                    store.append(subject, hdr, msg, ts, s)
+            if nxt <= seq:
+                break
+            seq = nxt
+        if store.last_seq < last:
+            # What the leader no longer has was deleted meanwhile: the sequence goes on.
+            store.skip(0, last - store.last_seq)
+        rep.server.log.info("JetStream cluster: stream '%s > %s' caught up to %d",
+                            rep.acc_name, rep.name, store.last_seq)
+    finally:
+        rep.catching_up = False
+        rep.resume_after_catch_up()

@@ -1,0 +1,172 @@
+"""JetStream clusters of real server processes for tests, configured as the documentation
+configures them: server names n1-c1.., cluster C1, every server routing to every
+other, a JetStream store each, and a system account user for administration.
+
+``JSCluster(tmp_path, size).start()`` writes the configurations, starts the servers
+(natsjs by default; ``binary=`` for the reference) and waits until a meta leader is
+known through /healthz.  ``kill``/``stop``/``restart`` one server; ``leader_of`` asks
+the cluster who leads a stream.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import urllib.request
+
+from conftest import ServerProcess, reference_server_binary
+
+SYS_USER = "admin"
+SYS_PASS = "s3cr3t"
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+class JSCluster:
+    def __init__(self, tmp_path, size: int = 3, reference: bool = False, extra: str = "",
+                 js_nodes=None):
+        self.dir = str(tmp_path)
+        self.size = size
+        self.reference = reference
+        self.extra = extra
+        self.js_nodes = set(range(size)) if js_nodes is None else set(js_nodes)
+        ports = free_ports(3 * size)
+        self.ports = ports[:size]
+        self.cluster_ports = ports[size:2 * size]
+        self.http_ports = ports[2 * size:]
+        self.procs: list[ServerProcess | None] = [None] * size
+        self.confs = [self._write_conf(i) for i in range(size)]
+
+    def name(self, i: int) -> str:
+        return "n%d-c1" % (i + 1)
+
+    def _write_conf(self, i: int) -> str:
+        routes = "\n".join("    nats-route://127.0.0.1:%d" % p for p in self.cluster_ports)
+        js = ""
+        if i in self.js_nodes:
+            js = "jetstream { store_dir: %s }" % json.dumps(os.path.join(self.dir, "n%d" % (i + 1)))
+        text = """server_name: %(name)s
+listen: 127.0.0.1:%(port)d
+http: 127.0.0.1:%(http)d
+%(js)s
+cluster {
+  name: C1
+  listen: 127.0.0.1:%(cport)d
+  routes: [
+%(routes)s
+  ]
+}
+accounts {
+  $SYS { users = [ { user: %(user)s, pass: %(pw)s } ] }
+  APP { jetstream: enabled, users = [ { user: app, pass: app } ] }
+}
+no_auth_user: app
+%(extra)s
+""" % {"name": self.name(i), "port": self.ports[i], "http": self.http_ports[i], "js": js,
+       "cport": self.cluster_ports[i], "routes": routes, "user": SYS_USER, "pw": SYS_PASS,
+       "extra": self.extra}
+        path = os.path.join(self.dir, "n%d.conf" % (i + 1))
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def _argv(self, i: int) -> list[str]:
+        if self.reference:
+            return [reference_server_binary(), "-c", self.confs[i]]
+        return [sys.executable, "-m", "natsjs", "-c", self.confs[i]]
+
+    def start_one(self, i: int) -> ServerProcess:
+        p = ServerProcess(self._argv(i), args=["-c", self.confs[i], "-m"])
+        self.procs[i] = p
+        return p
+
+    def start(self, wait: bool = True) -> "JSCluster":
+        for i in range(self.size):
+            self.start_one(i)
+        for p in self.procs:
+            p.start()
+        if wait:
+            self.wait_meta_leader()
+        return self
+
+    def url(self, i: int) -> str:
+        return "nats://127.0.0.1:%d" % self.ports[i]
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.url(i) for i in range(self.size)]
+
+    def alive(self) -> list[int]:
+        return [i for i, p in enumerate(self.procs) if p is not None and p.alive()]
+
+    def http(self, i: int, path: str):
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http_ports[i], path),
+                                    timeout=2) as r:
+            return json.loads(r.read())
+
+    def healthz(self, i: int) -> int:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/healthz" % self.http_ports[i],
+                                        timeout=2) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return 0
+
+    def wait_meta_leader(self, timeout: float = 30.0, nodes=None) -> str:
+        """Wait until every (given, JetStream) server reports the same meta leader."""
+        nodes = [i for i in (nodes if nodes is not None else self.alive()) if i in self.js_nodes]
+        deadline = time.monotonic() + timeout
+        while True:
+            leaders = set()
+            for i in nodes:
+                try:
+                    jsz = self.http(i, "/jsz")
+                    leaders.add((jsz.get("meta_cluster") or {}).get("leader"))
+                except OSError:
+                    leaders.add(None)
+            if len(leaders) == 1 and None not in leaders:
+                return leaders.pop()
+            if time.monotonic() > deadline:
+                raise TimeoutError("no common meta leader: %r" % leaders)
+            time.sleep(0.05)
+
+    def kill(self, i: int) -> None:
+        self.procs[i].stop(signal.SIGKILL)
+
+    def stop(self, i: int) -> None:
+        self.procs[i].stop()
+
+    def restart(self, i: int) -> ServerProcess:
+        p = self.start_one(i)
+        p.start()
+        return p
+
+    def index_of(self, name: str) -> int:
+        return int(name.split("-")[0][1:]) - 1
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p is not None:
+                p.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

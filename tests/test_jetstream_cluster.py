@@ -1,0 +1,375 @@
+"""JetStream clustering end to end: the flows of the JetStream clustering documentation on
+real natsjs servers, driven by nats-py.
+
+Clusters are configured as the documentation configures them (tests/jscluster.py):
+n1-c1.. in cluster C1, every server routing to every other, a $SYS user to administer
+the meta group.  Each test checks what a user sees: stream info's cluster block, leaders
+changing on step-down and on failure, writes refused without a quorum and accepted
+again after, a removed peer replaced by a current one holding every message.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import nats
+import pytest
+from nats.js.api import StreamConfig
+
+from jscluster import SYS_PASS, SYS_USER, JSCluster
+
+TIMEOUT = 10
+
+
+def run(coro, timeout: float = 120):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def connect(cluster: JSCluster, i: int | None = None, **kw):
+    servers = [cluster.url(i)] if i is not None else [cluster.url(j) for j in cluster.alive()]
+    nc = await nats.connect(servers, max_reconnect_attempts=-1, reconnect_time_wait=0.1,
+                            **kw)
+    return nc, nc.jetstream(timeout=TIMEOUT)
+
+
+async def sys_connect(cluster: JSCluster):
+    servers = [cluster.url(j) for j in cluster.alive()]
+    return await nats.connect(servers, user=SYS_USER, password=SYS_PASS)
+
+
+async def until(pred, timeout: float = 20.0, step: float = 0.05):
+    """Poll an async predicate until it holds (the cluster converges; no fixed sleeps)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = await pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in %gs" % timeout)
+        await asyncio.sleep(step)
+
+
+async def stream_leader(js, name: str):
+    try:
+        si = await js.stream_info(name)
+    except Exception:
+        return None
+    return si.cluster.leader if si.cluster else None
+
+
+@pytest.fixture
+def cluster3(tmp_path):
+    with JSCluster(tmp_path, 3).start() as c:
+        yield c
+
+
+@pytest.fixture
+def cluster5(tmp_path):
+    with JSCluster(tmp_path, 5).start() as c:
+        yield c
+
+
+def test_r3_stream_is_placed_replicated_and_reported(cluster3):
+    async def main():
+        nc, js = await connect(cluster3)
+        si = await js.add_stream(name="ORDERS", subjects=["orders.>"], num_replicas=3)
+        assert si.config.num_replicas == 3
+        assert si.cluster.name == "C1" and si.cluster.leader
+        names = {si.cluster.leader} | {r.name for r in si.cluster.replicas}
+        assert names == {"n1-c1", "n2-c1", "n3-c1"}
+        for i in range(50):
+            ack = await js.publish("orders.new", b"o%d" % i)
+        assert ack.seq == 50
+        si = await js.stream_info("ORDERS")
+        assert si.state.messages == 50
+        assert all(r.current for r in si.cluster.replicas)
+        await nc.close()
+        # Every server answers for the stream, wherever the client is connected.
+        for i in range(3):
+            nc, js = await connect(cluster3, i)
+            assert (await js.get_msg("ORDERS", 50)).data == b"o49"
+            await nc.close()
+    run(main())
+
+
+def test_more_replicas_than_servers_is_refused(cluster3):
+    async def main():
+        nc, js = await connect(cluster3)
+        with pytest.raises(nats.js.errors.APIError) as e:
+            await js.add_stream(name="BIG", subjects=["big"], num_replicas=5)
+        assert e.value.err_code == 10005
+        assert "no suitable peers for placement" in e.value.description
+        await nc.close()
+    run(main())
+
+
+def test_stream_leader_step_down_elects_another(cluster3):
+    async def main():
+        nc, js = await connect(cluster3)
+        await js.add_stream(name="S", subjects=["s"], num_replicas=3)
+        await js.publish("s", b"1")
+        old = await stream_leader(js, "S")
+        t0 = time.monotonic()
+        resp = await nc.request("$JS.API.STREAM.LEADER.STEPDOWN.S", b"", timeout=TIMEOUT)
+        assert json.loads(resp.data).get("success") is True
+        new = await until(lambda: _changed(js, "S", old))
+        assert new != old and time.monotonic() - t0 < 5
+        ack = await js.publish("s", b"2")
+        assert ack.seq == 2
+        await nc.close()
+    run(main())
+
+
+async def _changed(js, name, old):
+    leader = await stream_leader(js, name)
+    return leader if leader and leader != old else None
+
+
+def test_meta_leader_step_down_by_the_system_user(cluster3):
+    async def main():
+        old = cluster3.wait_meta_leader()
+        snc = await sys_connect(cluster3)
+        resp = await snc.request("$JS.API.META.LEADER.STEPDOWN", b"", timeout=TIMEOUT)
+        body = json.loads(resp.data)
+        assert body["type"] == "io.nats.jetstream.api.v1.meta_leader_stepdown_response"
+        assert body.get("success") is True
+        await snc.close()
+        await until(_async(lambda: cluster3.wait_meta_leader() != old))
+        nc, js = await connect(cluster3)
+        await js.add_stream(name="AFTER", subjects=["after"], num_replicas=3)
+        await nc.close()
+    run(main())
+
+
+def _async(fn):
+    async def pred():
+        try:
+            return fn()
+        except TimeoutError:
+            return False
+    return pred
+
+
+async def consumer_step_down(nc, js, stream: str, name: str, old: str):
+    """Ask the consumer's leader to step down; the consumer info from its successor."""
+    resp = await nc.request("$JS.API.CONSUMER.LEADER.STEPDOWN.%s.%s" % (stream, name), b"",
+                            timeout=TIMEOUT)
+    assert json.loads(resp.data).get("success") is True
+
+    async def new_leader():
+        try:
+            info = await js.consumer_info(stream, name)
+        except Exception:
+            return None
+        return info if info.cluster.leader not in (None, old) else None
+    return await until(new_leader)
+
+
+def test_consumer_state_survives_consumer_leader_change(cluster3):
+    async def main():
+        nc, js = await connect(cluster3)
+        await js.add_stream(name="C", subjects=["c"], num_replicas=3)
+        for i in range(20):
+            await js.publish("c", b"%d" % i)
+        sub = await js.pull_subscribe("c", "dur")
+        msgs = await sub.fetch(10, timeout=TIMEOUT)
+        for m in msgs:
+            await m.ack_sync()
+        ci = await js.consumer_info("C", "dur")
+        assert ci.cluster.leader and ci.ack_floor.stream_seq == 10
+        ci = await consumer_step_down(nc, js, "C", "dur", ci.cluster.leader)
+        assert ci.ack_floor.stream_seq == 10 and ci.num_ack_pending == 0
+        rest = []
+        while len(rest) < 10:
+            got = await sub.fetch(10 - len(rest), timeout=TIMEOUT)
+            for m in got:
+                await m.ack_sync()
+            rest += [int(m.data) for m in got]
+        assert rest == list(range(10, 20))     # nothing acknowledged came back
+        await nc.close()
+    run(main())
+
+
+def test_unacknowledged_deliveries_come_back_from_the_new_consumer_leader(cluster3):
+    """The followers track what the leader delivered: messages delivered and never
+    acked before a leader change are redelivered by the next leader (at least once),
+    while the out-of-order ack in between is not."""
+    async def main():
+        from nats.js.api import ConsumerConfig
+        nc, js = await connect(cluster3)
+        await js.add_stream(name="U", subjects=["u"], num_replicas=3)
+        for i in range(6):
+            await js.publish("u", b"%d" % i)
+        sub = await js.pull_subscribe("u", "dur", config=ConsumerConfig(ack_wait=1.0))
+        msgs = await sub.fetch(6, timeout=TIMEOUT)
+        await msgs[0].ack_sync()
+        await msgs[3].ack_sync()
+        ci = await js.consumer_info("U", "dur")
+        assert ci.num_ack_pending == 4 and ci.delivered.stream_seq == 6
+        ci = await consumer_step_down(nc, js, "U", "dur", ci.cluster.leader)
+        assert ci.num_ack_pending == 4 and ci.ack_floor.stream_seq == 1
+        assert ci.delivered.stream_seq == 6
+        again = []
+        while len(again) < 4:
+            got = await sub.fetch(4 - len(again), timeout=TIMEOUT)
+            for m in got:
+                assert m.metadata.num_delivered == 2
+                await m.ack_sync()
+            again += [int(m.data) for m in got]
+        assert sorted(again) == [1, 2, 4, 5]
+        ci = await js.consumer_info("U", "dur")
+        assert ci.num_ack_pending == 0 and ci.ack_floor.stream_seq == 6
+        await nc.close()
+    run(main())
+
+
+def test_killed_stream_leader_is_replaced_and_keeps_acked_data(cluster3):
+    async def main():
+        nc, js = await connect(cluster3)
+        await js.add_stream(name="K", subjects=["k"], num_replicas=3)
+        acked = []
+        for i in range(100):
+            ack = await js.publish("k", b"%d" % i)
+            acked.append(ack.seq)
+        leader = await stream_leader(js, "K")
+        cluster3.kill(cluster3.index_of(leader))
+        t0 = time.monotonic()
+
+        async def write():
+            try:
+                return await js.publish("k", b"after", timeout=1)
+            except Exception:
+                return None
+        ack = await until(write, timeout=30)
+        failover = time.monotonic() - t0
+        assert ack.seq == 101
+        assert failover < 10, failover
+        for seq in (1, 50, 100):
+            assert (await js.get_msg("K", seq)).data == b"%d" % (seq - 1)
+        await nc.close()
+    run(main())
+
+
+def test_five_servers_survive_two_down(cluster5):
+    async def main():
+        nc, js = await connect(cluster5)
+        await js.add_stream(name="F", subjects=["f"], num_replicas=5)
+        await js.publish("f", b"0")
+        down = [i for i in range(5) if cluster5.name(i) != await stream_leader(js, "F")][:2]
+        for i in down:
+            cluster5.kill(i)
+
+        async def write():
+            try:
+                return await js.publish("f", b"x", timeout=1)
+            except Exception:
+                return None
+        ack = await until(write, timeout=30)
+        assert ack.seq >= 2
+        si = await js.stream_info("F")
+        offline = {r.name for r in si.cluster.replicas if r.offline}
+        assert {cluster5.name(i) for i in down} <= offline | {
+            r.name for r in si.cluster.replicas if not r.current}
+        await nc.close()
+    run(main())
+
+
+def test_no_quorum_no_writes_then_recovery(cluster3):
+    async def main():
+        nc, js = await connect(cluster3)
+        await js.add_stream(name="Q", subjects=["q"], num_replicas=3)
+        await js.publish("q", b"1")
+        leader = await stream_leader(js, "Q")
+        keep = cluster3.index_of(leader)
+        others = [i for i in range(3) if i != keep]
+        await nc.close()
+        for i in others:
+            cluster3.kill(i)
+        nc, js = await connect(cluster3, keep)
+
+        async def refused():
+            try:
+                await js.publish("q", b"lost", timeout=0.5)
+            except Exception:
+                return True
+            return False
+        # Without a quorum the write is not acknowledged (the leader steps down).
+        assert await refused()
+        assert await refused()
+        await nc.close()
+        cluster3.restart(others[0])
+        nc, js = await connect(cluster3)
+
+        async def write():
+            try:
+                return await js.publish("q", b"2", timeout=1)
+            except Exception:
+                return None
+        ack = await until(write, timeout=30)
+        assert ack.seq >= 2
+        assert (await js.get_msg("Q", 1)).data == b"1"
+        await nc.close()
+    run(main())
+
+
+def test_whole_cluster_restart_keeps_every_acknowledged_message(cluster3):
+    async def main():
+        nc, js = await connect(cluster3)
+        await js.add_stream(name="R", subjects=["r"], num_replicas=3)
+        for i in range(200):
+            await js.publish("r", b"%d" % i)
+        await nc.close()
+    run(main())
+    for i in range(3):
+        cluster3.kill(i)
+    for i in range(3):
+        cluster3.start_one(i)
+    for p in cluster3.procs:
+        p.start()
+    cluster3.wait_meta_leader()
+
+    async def check():
+        nc, js = await connect(cluster3)
+
+        async def info():
+            try:
+                return await js.stream_info("R")
+            except Exception:
+                return None
+        si = await until(info, timeout=30)
+        assert si.state.messages == 200 and si.state.last_seq == 200
+        for seq in (1, 100, 200):
+            assert (await js.get_msg("R", seq)).data == b"%d" % (seq - 1)
+        await nc.close()
+    run(check())
+
+
+def test_peer_remove_replaces_the_replica(cluster5):
+    async def main():
+        nc, js = await connect(cluster5)
+        await js.add_stream(name="P", subjects=["p"], num_replicas=3)
+        for i in range(100):
+            await js.publish("p", b"%d" % i)
+        si = await js.stream_info("P")
+        victim = si.cluster.replicas[0].name
+        before = {si.cluster.leader} | {r.name for r in si.cluster.replicas}
+        resp = await nc.request("$JS.API.STREAM.PEER.REMOVE.P",
+                                json.dumps({"peer": victim}).encode(), timeout=TIMEOUT)
+        assert json.loads(resp.data).get("success") is True, resp.data
+
+        async def replaced():
+            info = await js.stream_info("P")
+            names = {info.cluster.leader} | {r.name for r in info.cluster.replicas}
+            if victim in names or len(names) != 3:
+                return None
+            if not all(r.current for r in info.cluster.replicas):
+                return None
+            return info
+        si = await until(replaced, timeout=30)
+        newcomer = ({si.cluster.leader} | {r.name for r in si.cluster.replicas}) - before
+        assert len(newcomer) == 1
+        # The new replica holds every message: ask it directly after a step-down to it.
+        assert si.state.messages == 100
+        await nc.close()
+    run(main())
