@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +159,12 @@ def _http_json(port: int, path: str) -> dict | None:
     try:
         with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=0.5) as r:
             return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        # /healthz answers 503 with a JSON body until JetStream is ready
+        try:
+            return json.loads(e.read())
+        except ValueError:
+            return None
     except Exception:  # noqa: BLE001 - monitoring is optional for natsjs; None means "unknown"
         return None
 
@@ -178,9 +185,23 @@ def _wait_cluster(nodes: list[NodePlan], topology: Topology, deadline: float,
     if topology.jetstream:
         while time.monotonic() < deadline:
             hz = _http_json(nodes[0].http_port, "/healthz")
-            if hz is None or hz.get("status") == "ok":
+            if hz is None:
+                return
+            if hz.get("status") == "ok" and (topology.nodes == 1 or _meta_complete(nodes)):
                 return
             time.sleep(0.2)
+
+
+def _meta_complete(nodes: list[NodePlan]) -> bool:
+    """The meta leader sees every other server current: placement can use them all (a
+    stream created earlier may find "no suitable peers" on either server)."""
+    for nd in nodes:
+        mc = (_http_json(nd.http_port, "/jsz") or {}).get("meta_cluster") or {}
+        if mc.get("leader") and mc.get("leader") == (_http_json(nd.http_port, "/varz") or
+                                                    {}).get("server_name"):
+            current = [r for r in mc.get("replicas") or [] if r.get("current")]
+            return len(current) >= len(nodes) - 1
+    return False
 
 
 def _tail(path: Path, lines: int = 15) -> str:

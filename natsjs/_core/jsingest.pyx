@@ -13,10 +13,20 @@ that covers it.  Everything else (headers, non-plain streams, or while the Pytho
 still has messages queued, so order is kept) goes to the Python capture
 (natsjs/jetstream/stream.py ``Stream._capture``).
 
+A replicated stream's leader (natsjs/jetstream/replicated.py) takes messages the same
+way but decides nothing at capture: every message, headers or not, is encoded into one
+batch (``batching``), which its ingest task proposes to the stream's Raft group as a single
+entry.  When the entry is committed, every replica appends its plain records to the log
+with ``apply_plain`` and runs only the others through the stream's checks in Python
+(``decode_record``).
+
 No trio and no I/O beyond the log's buffered append (STYLE.md habit 1).
 """
-from cpython.bytes cimport PyBytes_FromStringAndSize
-from libc.stdint cimport int64_t, uint64_t
+from cpython.bytes cimport (PyBytes_AS_STRING, PyBytes_FromStringAndSize,
+                            PyBytes_GET_SIZE)
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free, realloc
+from libc.string cimport memcpy
 
 from natsjs._core.fanout cimport Conn, Sink
 from natsjs._core.filelog cimport _Log
@@ -38,6 +48,38 @@ cdef inline int64_t _now_ns() noexcept nogil:
     return <int64_t>t.tv_sec * 1000000000 + t.tv_nsec
 
 
+# A batch record: <q ts><H subject length><I header length or NO_HDR><I payload length>,
+# then the subject, the headers and the payload.  Little endian, as the Raft log.
+DEF REC = 18
+DEF NO_HDR = 0xFFFFFFFF
+
+
+cdef inline void _st16(uint8_t* p, uint16_t v) noexcept nogil:
+    p[0] = v & 0xFF
+    p[1] = v >> 8
+
+
+cdef inline void _st32(uint8_t* p, uint32_t v) noexcept nogil:
+    cdef int i
+    for i in range(4):
+        p[i] = (v >> (8 * i)) & 0xFF
+
+
+cdef inline void _st64(uint8_t* p, uint64_t v) noexcept nogil:
+    cdef int i
+    for i in range(8):
+        p[i] = (v >> (8 * i)) & 0xFF
+
+
+cdef inline uint32_t _ld32(const uint8_t* p) noexcept nogil:
+    return <uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | \
+        (<uint32_t>p[3] << 24)
+
+
+cdef inline uint64_t _ld64(const uint8_t* p) noexcept nogil:
+    return <uint64_t>_ld32(p) | (<uint64_t>_ld32(p + 4) << 32)
+
+
 cdef class StreamSink(Sink):
     """The capture of one stream.  The stream sets the public fields as its
     configuration and state change (natsjs/jetstream/stream.py)."""
@@ -53,6 +95,12 @@ cdef class StreamSink(Sink):
     cdef public object wake       # called when the log got data and none was pending
     cdef public bint dirty        # appended since the commit task last looked
     cdef public long long captured  # appended here since the stream last synced its state
+    cdef public bint batching     # a replicated stream's leader: encode into the batch
+    cdef public Py_ssize_t max_batch  # batching: bytes held before the Python path decides
+    cdef public list breplies     # batching: the reply subject (or None) of each record
+    cdef uint8_t* bbuf            # batching: the records, REC header each
+    cdef Py_ssize_t blen
+    cdef Py_ssize_t bcap
 
     def __init__(self, _Log log, fallback, wake, bint file):
         self.log = log
@@ -66,12 +114,79 @@ cdef class StreamSink(Sink):
         self.inbox = []
         self.dirty = False
         self.captured = 0
+        self.batching = False
+        self.max_batch = 0
+        self.breplies = []
+        self.bbuf = NULL
+        self.blen = self.bcap = 0
+
+    def __dealloc__(self):
+        free(self.bbuf)
+
+    @property
+    def batch_bytes(self) -> int:
+        return self.blen
+
+    def take(self, Py_ssize_t max_bytes):
+        """The batch's first records up to ``max_bytes`` (at least one) as entry data
+        (after ``prefix``), with their replies; the rest stays for the next take."""
+        cdef Py_ssize_t off = 0, n = 0, rlen
+        if self.blen == 0:
+            return None, []
+        while off < self.blen:
+            rlen = REC + (<Py_ssize_t>self.bbuf[off + 8] | (<Py_ssize_t>self.bbuf[off + 9] << 8))
+            if _ld32(self.bbuf + off + 10) != NO_HDR:
+                rlen += _ld32(self.bbuf + off + 10)
+            rlen += _ld32(self.bbuf + off + 14)
+            if n and off + rlen > max_bytes:
+                break
+            off += rlen
+            n += 1
+        data = PyBytes_FromStringAndSize(<const char*>self.bbuf, off)
+        replies = self.breplies[:n]
+        del self.breplies[:n]
+        if off < self.blen:
+            memcpy(self.bbuf, self.bbuf + off, self.blen - off)
+        self.blen -= off
+        return data, replies
+
+    def clear_batch(self) -> None:
+        self.blen = 0
+        self.breplies = []
+
+    cdef int _batch(self, const unsigned char* subj, Py_ssize_t slen,
+                    const unsigned char* reply, Py_ssize_t rlen, const unsigned char* msg,
+                    Py_ssize_t hdr, Py_ssize_t size) except -1:
+        cdef Py_ssize_t need = REC + slen + size
+        cdef uint8_t* p
+        if self.blen + need > self.bcap:
+            self.bcap = max(self.bcap * 2, self.blen + need, 65536)
+            p = <uint8_t*>realloc(self.bbuf, self.bcap)
+            if p == NULL:
+                raise MemoryError()
+            self.bbuf = p
+        p = self.bbuf + self.blen
+        _st64(p, <uint64_t>_now_ns())
+        _st16(p + 8, <uint16_t>slen)
+        _st32(p + 10, <uint32_t>hdr if hdr >= 0 else NO_HDR)
+        _st32(p + 14, <uint32_t>(size - hdr if hdr >= 0 else size))
+        memcpy(p + REC, subj, slen)
+        memcpy(p + REC + slen, msg, size)
+        self.blen += need
+        self.breplies.append(PyBytes_FromStringAndSize(<const char*>reply, rlen)
+                             if rlen > 0 and not self.no_ack else None)
+        if not self.dirty:
+            self.dirty = True
+            self.wake()
+        return 0
 
     cdef int absorb(self, Conn producer, const unsigned char* subj, Py_ssize_t slen,
                     const unsigned char* reply, Py_ssize_t rlen, const unsigned char* msg,
                     Py_ssize_t hdr, Py_ssize_t size) except -1:
         cdef long long msize
         cdef uint64_t seq
+        if self.batching and not self.inbox and self.blen < self.max_batch and slen <= 0xFFFF:
+            return self._batch(subj, slen, reply, rlen, msg, hdr, size)
         if not self.plain or hdr >= 0 or self.inbox:
             self.fallback(None, PyBytes_FromStringAndSize(<const char*>subj, slen),
                           PyBytes_FromStringAndSize(<const char*>reply, rlen)
@@ -96,3 +211,66 @@ cdef class StreamSink(Sink):
             self.dirty = True
             self.wake()
         return 0
+
+
+def apply_plain(_Log log, bytes data, Py_ssize_t off):
+    """Append the batch entry's records from ``off`` to the log while they are plain (no
+    headers), each with its own time.  Returns (offset of the first record not taken,
+    sequence of the first appended, how many were)."""
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t end = PyBytes_GET_SIZE(data)
+    cdef Py_ssize_t slen, mlen
+    cdef uint64_t seq, first = 0
+    cdef Py_ssize_t n = 0
+    while off + REC <= end:
+        if _ld32(p + off + 10) != NO_HDR:
+            break
+        slen = <Py_ssize_t>p[off + 8] | (<Py_ssize_t>p[off + 9] << 8)
+        mlen = _ld32(p + off + 14)
+        if off + REC + slen + mlen > end:
+            raise ValueError("truncated batch record at %d" % off)
+        seq = log.append_c(p + off + REC, slen, NULL, 0, p + off + REC + slen, mlen,
+                           <int64_t>_ld64(p + off), 0)
+        if n == 0:
+            first = seq
+        n += 1
+        off += REC + slen + mlen
+    return off, first, n
+
+
+def decode_record(bytes data, Py_ssize_t off):
+    """One batch record: (next offset, ts, subject, headers or None, payload)."""
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t end = PyBytes_GET_SIZE(data)
+    cdef Py_ssize_t slen, hlen, mlen
+    if off + REC > end:
+        raise ValueError("truncated batch record at %d" % off)
+    slen = <Py_ssize_t>p[off + 8] | (<Py_ssize_t>p[off + 9] << 8)
+    hlen = _ld32(p + off + 10)
+    mlen = _ld32(p + off + 14)
+    if hlen == NO_HDR:
+        hlen = -1
+    if off + REC + slen + max(hlen, 0) + mlen > end:
+        raise ValueError("truncated batch record at %d" % off)
+    cdef Py_ssize_t q = off + REC
+    subject = PyBytes_FromStringAndSize(<const char*>p + q, slen)
+    q += slen
+    hdr = None
+    if hlen >= 0:
+        hdr = PyBytes_FromStringAndSize(<const char*>p + q, hlen)
+        q += hlen
+    msg = PyBytes_FromStringAndSize(<const char*>p + q, mlen)
+    return q + mlen, <int64_t>_ld64(p + off), subject, hdr, msg
+
+
+def count_records(bytes data, Py_ssize_t off):
+    """How many records the batch entry holds from ``off``."""
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t end = PyBytes_GET_SIZE(data)
+    cdef Py_ssize_t n = 0, hlen
+    while off + REC <= end:
+        hlen = _ld32(p + off + 10)
+        off += REC + (<Py_ssize_t>p[off + 8] | (<Py_ssize_t>p[off + 9] << 8)) + \
+            _ld32(p + off + 14) + (0 if hlen == NO_HDR else hlen)
+        n += 1
+    return n

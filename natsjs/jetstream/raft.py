@@ -296,8 +296,10 @@ class RaftNode:
         eto = self.cfg.election_timeout_max
         for peer, pr in sorted(self._progress.items()):
             active = self.now - pr.last_heard
+            # As nats-server reports it (raft.go Peers): lag is what the quorum has and
+            # the peer has not persisted yet; current means none.
             out.append({"name": peer, "current": pr.match >= self.commit and active < eto,
-                        "active": active, "lag": max(0, self.last_index - pr.match),
+                        "active": active, "lag": max(0, self.commit - pr.match),
                         "offline": active >= 2 * eto})
         return out
 

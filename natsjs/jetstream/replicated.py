@@ -28,6 +28,7 @@ import struct
 import trio
 
 from natsjs._core.filelog import FileLog
+from natsjs._core.jsingest import apply_plain, decode_record
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns
 from natsjs.jetstream.raft import NotLeader, RaftConfig
@@ -41,6 +42,7 @@ SNAPSHOT_EVERY = 8192
 _MSG = struct.Struct("<qHI")          # ts, subject length, header length (or NO_HDR)
 NO_HDR = 0xFFFFFFFF
 E_MSG = b"M"
+E_BATCH = b"B"        # records captured in C by the leader (natsjs/_core/jsingest.pyx)
 E_OP = b"J"
 
 
@@ -189,6 +191,16 @@ class ReplicatedStream(StateMachine):
             if reply:
                 self._replies[first + i] = reply
 
+    def propose_records(self, data: bytes, replies: list) -> None:
+        """The leader's C capture: a batch of records (jsingest.StreamSink.take) as one
+        entry; ``replies`` has each record's reply subject or None."""
+        try:
+            index = self.raft.propose(E_BATCH + data)
+        except NotLeader:
+            return                # clients time out and retry; nothing was accepted
+        if any(replies):
+            self._replies[index] = replies
+
     async def propose_op(self, op: dict, timeout: float = 5.0):
         """Propose an operation (purge, delete) and wait for its result at apply."""
         index = self.raft.propose(E_OP + json.dumps(op, separators=(",", ":")).encode())
@@ -212,19 +224,14 @@ class ReplicatedStream(StateMachine):
         replies = []
         for index, term, data in entries:
             kind = data[:1]
+            if kind == E_BATCH:
+                self._since_snapshot += self._apply_records(data, self._replies.pop(index, None),
+                                                            replies)
+                continue
             if kind == E_MSG:
                 subject, hdr, msg, ts = decode_msg(data)
-                reply = self._replies.pop(index, None)
-                stream._batch_ts = ts
                 stream._budget = 1 << 62
-                try:
-                    out = stream.process(subject, reply or b"_", hdr, msg, ts)
-                except Exception as exc:   # never let one entry stop the group
-                    self.server.log.error("JetStream cluster: applying to '%s > %s': %r",
-                                          self.acc_name, self.name, exc)
-                    out = None
-                if reply and out is not None:
-                    replies.append((reply, out))
+                self._apply_one(subject, hdr, msg, ts, self._replies.pop(index, None), replies)
             elif kind == E_OP:
                 result = self._apply_op(json.loads(data[1:]))
                 slot = self._waiters.get(index)
@@ -240,6 +247,48 @@ class ReplicatedStream(StateMachine):
         if self._since_snapshot >= SNAPSHOT_EVERY and not self._snapshotting:
             self._snapshotting = True
             self.js.spawn(self._snapshot)
+
+    def _apply_records(self, data: bytes, rreplies: list | None, replies: list) -> int:
+        """Apply a batch entry: plain records straight into the log (C), the others
+        through the stream's checks.  Returns how many records it held."""
+        stream = self.stream
+        store = stream.store
+        off = 1
+        i = 0
+        end = len(data)
+        stream._budget = 1 << 62
+        while off < end:
+            if stream._plain:
+                off, first, n = apply_plain(store, data, off)
+                if n:
+                    if rreplies is not None:
+                        for k in range(n):
+                            r = rreplies[i + k]
+                            if r is not None:
+                                replies.append((r, first + k))
+                    i += n
+                    stream.lseq = first + n - 1
+                    stream.lmsgid = ""
+                    if off >= end:
+                        break
+            off, ts, subject, hdr, msg = decode_record(data, off)
+            self._apply_one(subject, hdr, msg, ts,
+                            rreplies[i] if rreplies is not None else None, replies)
+            i += 1
+        return i
+
+    def _apply_one(self, subject, hdr, msg, ts: int, reply, replies: list) -> None:
+        """One message through the stream's checks, as every replica decides it."""
+        stream = self.stream
+        stream._batch_ts = ts
+        try:
+            out = stream.process(subject, reply or b"_", hdr, msg, ts)
+        except Exception as exc:   # never let one message stop the group
+            self.server.log.error("JetStream cluster: applying to '%s > %s': %r",
+                                  self.acc_name, self.name, exc)
+            out = None
+        if reply and out is not None:
+            replies.append((reply, out))
 
     def _apply_op(self, op: dict):
         stream = self.stream

@@ -41,6 +41,8 @@ from natsjs.subject_transform import TransformError, new_transform
 # reply (bounded memory; nats-server bounds its ipQueue the same way).
 MAX_INBOX_MSGS = 100_000
 MAX_INBOX_BYTES = 128 * 1024 * 1024
+# A replicated stream's leader proposes what it captured in entries of at most this size.
+MAX_ENTRY_BYTES = 1024 * 1024
 # How often limits by age and per-message TTLs are looked at when nothing is due sooner.
 EXPIRE_CHECK = 1.0
 MAX_HDR_SIZE = 65535
@@ -92,7 +94,7 @@ class Stream:
         # A replica of a clustered stream (natsjs/jetstream/replicated.py), or None.
         self.replica = None
         # Plain messages go from the fan-out straight into the log (jsingest.pyx).
-        self._sink = StreamSink(store, self._capture, self._commit_wake.unpark,
+        self._sink = StreamSink(store, self._capture, self._sink_woke,
                                 cfg["storage"] == "file")
         self._sink.replies = self._unsynced
         self._sink.inbox = self._inbox
@@ -206,6 +208,7 @@ class Stream:
             self.js.unsubscribe(acc, sub)
         self._subs = []
         self._inbox = self._sink.inbox = []
+        self._sink.clear_batch()
 
     def _unsubscribe(self) -> None:
         acc = self.jsa.account
@@ -265,12 +268,21 @@ class Stream:
 
     # ---- capture (inside the publisher's fan-out: no waiting here) -----------------------
 
+    def _sink_woke(self) -> None:
+        """The C capture took a message while idle: a replica's leader proposes it
+        (ingest), a stream of its own makes it durable (commit)."""
+        if self.replica is not None:
+            self._wake.unpark()
+        else:
+            self._commit_wake.unpark()
+
     def _capture(self, sub, subject, reply, hdr, msg) -> None:
         if hdr is not None and hdr > 0:
             h, payload = msg[:hdr], msg[hdr:]
         else:
             h, payload = None, msg
-        if len(self._inbox) >= MAX_INBOX_MSGS or self._inbox_bytes >= MAX_INBOX_BYTES:
+        if len(self._inbox) >= MAX_INBOX_MSGS or \
+                self._inbox_bytes + self._sink.batch_bytes >= MAX_INBOX_BYTES:
             if reply and not self.cfg["no_ack"]:
                 self._respond_error(reply, ApiError.of("JSStreamTooManyRequests"))
             return
@@ -299,21 +311,36 @@ class Stream:
     # and no reply leaves before its message is on disk.
 
     async def _ingest_loop(self) -> None:
+        sink = self._sink
         while True:
-            if not self._inbox:
+            if not self._inbox and not (self.replica is not None and sink.batch_bytes):
+                if self.replica is not None:
+                    sink.dirty = False
                 await self._wake.park()
+                continue
+            if self.replica is not None:
+                # Clustered: what was captured goes to the stream's Raft group, the C
+                # capture's batch first (it holds the earlier messages); every replica
+                # processes it when it is committed (replicated.py).
+                sink.dirty = False
+                while True:
+                    data, replies = sink.take(MAX_ENTRY_BYTES)
+                    if data is None:
+                        break
+                    self.replica.propose_records(data, replies)
+                batch = self._inbox
+                self._inbox = sink.inbox = []
+                self._inbox_bytes = 0
+                self._batch_ts = now_ns()
+                if batch:
+                    self.replica.propose_batch(batch)
+                await trio.lowlevel.checkpoint()
                 continue
             batch = self._inbox
             self._inbox = self._sink.inbox = []
             self._inbox_bytes = 0
             self._budget = self.jsa.storage_budget(self)
             self._batch_ts = now_ns()
-            if self.replica is not None:
-                # Clustered: the batch goes to the stream's Raft group; every replica
-                # processes it when it is committed (replicated.py).
-                self.replica.propose_batch(batch)
-                await trio.lowlevel.checkpoint()
-                continue
             replies = self._unsynced
             for subject, reply, hdr, msg in batch:
                 try:
@@ -456,6 +483,8 @@ class Stream:
         self._plain = self._plain_config()
         # A replica's messages go through its Raft group, never straight to the store.
         self._sink.plain = self._plain and not self.closed and self.replica is None
+        self._sink.batching = self.replica is not None and not self.closed
+        self._sink.max_batch = MAX_INBOX_BYTES
         self._sink.no_ack = self.cfg["no_ack"]
 
     def _plain_config(self) -> bool:
