@@ -495,6 +495,9 @@ class Cluster:
             info["tls_required"] = True
             info["tls_verify"] = True
         info["max_payload"] = server.opts.max_payload
+        if server.jetstream is not None and server.jetstream.enabled:
+            # As nats-server's route INFO: peers tell JetStream servers from plain ones.
+            info["jetstream"] = True
         if copts.advertise:
             adv = copts.advertise
             info["ip"] = "nats-route://%s/" % adv

@@ -9,10 +9,12 @@ accepted here so that the documented configurations load.
 from __future__ import annotations
 
 import dataclasses
+import random
+import string
 
 from natsjs import conf
 from natsjs.accounts import check_imports, parse_accounts
-from natsjs.auth import Permissions, parse_authorization, parse_permissions
+from natsjs.auth import Permissions, User, parse_authorization, parse_permissions
 from natsjs.options import COMPRESSION_MODES, ClusterOptions, ServerOptions
 from natsjs.tls import TLSConfig
 
@@ -283,6 +285,8 @@ def options_from_mapping(mapping: dict, base: ServerOptions, warn=None,
         else:
             # nats-server refuses unknown fields (server/opts.go unknownConfigFieldErr).
             raise ValueError('%s: unknown field "%s"' % (_where(mapping, key, path), key))
+    if no_auth_user is None and "authorization" not in {k.lower() for k in mapping}:
+        _sys_only_no_auth_user(changes, base)
     if no_auth_user is not None:
         auth = changes.get("auth", base.auth)
         changes["auth"] = dataclasses.replace(auth, no_auth_user=no_auth_user)
@@ -292,6 +296,29 @@ def options_from_mapping(mapping: dict, base: ServerOptions, warn=None,
             raise ValueError("no_auth_user: %r not present as user or nkey in authorization "
                              "block or account configuration" % no_auth_user)
     return base.replace(config_file=path, **changes)
+
+
+# nats-server's name for the user it invents below: random, once per process, so a
+# reload keeps the clients that connected as it (server/server.go sysAccOnlyNoAuthUser).
+_SYS_ONLY_USER = "nats-" + "".join(random.choice(string.ascii_letters + string.digits)
+                                   for _ in range(8))
+
+
+def _sys_only_no_auth_user(changes: dict, base: ServerOptions) -> None:
+    """Accounts that configure only the system account (to give it a user, as the
+    JetStream clustering documentation does) leave clients without credentials in the
+    global account, as nats-server arranges it: a user of the global account, and
+    no_auth_user naming it."""
+    accounts = changes.get("accounts")
+    system = changes.get("system_account", base.system_account)
+    if not accounts or [a.name for a in accounts] != [system]:
+        return
+    auth = changes.get("auth", base.auth)
+    if auth.no_auth_user:
+        return
+    changes["auth"] = dataclasses.replace(
+        auth, users=auth.users + (User(_SYS_ONLY_USER, _SYS_ONLY_USER[6:]),),
+        no_auth_user=_SYS_ONLY_USER)
 
 
 def load_config(path: str, base: ServerOptions | None = None, warn=None) -> ServerOptions:

@@ -59,6 +59,37 @@ def test_info_announces_jetstream_and_account_info(js_server):
     run(main())
 
 
+@pytest.mark.parametrize("start", [start_natsjs, start_reference], ids=["natsjs", "reference"])
+def test_system_user_config_leaves_others_in_global_account(tmp_path, start):
+    """The documentation's configuration: an accounts block that only gives the system
+    account a user. Clients without credentials land in the global account, which has
+    JetStream; the system user's account has none and every API request says so."""
+    conf = tmp_path / "s.conf"
+    conf.write_text('server_name: s1\njetstream { store_dir: "%s" }\n'
+                    'accounts { $SYS { users = [ { user: "admin", pass: "s3cr3t" } ] } }\n'
+                    % (tmp_path / "js"))
+    s = start("-c", str(conf))
+
+    async def main():
+        nc = await nats.connect(s.url, allow_reconnect=False)
+        assert (await nc.jetstream().account_info()).limits.max_streams == -1
+        await nc.close()
+        admin = await nats.connect(s.url.replace("nats://", "nats://admin:s3cr3t@"),
+                                   allow_reconnect=False)
+        for subject, rtype in [("$JS.API.INFO", "account_info_response"),
+                               ("$JS.API.STREAM.NAMES", "system_response"),
+                               ("$JS.API.STREAM.INFO.X", "system_response")]:
+            reply = json.loads((await admin.request(subject, b"", timeout=TIMEOUT)).data)
+            assert reply == {"type": "io.nats.jetstream.api.v1." + rtype,
+                             "error": {"code": 503, "err_code": 10039,
+                                       "description": "JetStream not enabled for account"}}
+        await admin.close()
+    try:
+        run(main())
+    finally:
+        s.stop()
+
+
 def test_stream_lifecycle(js_server):
     async def main():
         nc, js = await connect(js_server)

@@ -71,8 +71,8 @@ class Api:
             if name in enabled:
                 jsa = enabled[name]
                 jsa.api_sub = self.js.subscribe(acc, b"$JS.API.>", self._make_handler(jsa))
-            elif not acc.is_system:
-                self.js.subscribe(acc, b"$JS.API.INFO", self._not_enabled)
+            else:
+                self.js.subscribe(acc, b"$JS.API.>", self._not_enabled_in(acc), route=False)
 
     def _make_handler(self, jsa):
         def on_request(sub, subject, reply, hdr, msg):
@@ -88,11 +88,25 @@ class Api:
             self._queue.append((jsa, subject, reply, hdr, msg))
         return on_request
 
-    def _not_enabled(self, sub, subject, reply, hdr, msg) -> None:
-        if reply:
-            self._send(None, reply, {"type": T + "account_info_response",
-                                     "error": ApiError.of("JSNotEnabledForAccountErr").to_dict()},
-                       account=None, acc_obj=None, raw_account=sub)
+    # What the system account administers itself (the meta group, servers, accounts):
+    # answered by the cluster, or by nobody on a server without one, as nats-server does.
+    _SYSTEM_API = (b"$JS.API.META.", b"$JS.API.SERVER.", b"$JS.API.ACCOUNT.")
+
+    def _not_enabled_in(self, account):
+        """Every API request of an account without JetStream (the system account's
+        included) is told so, as nats-server answers it (503, 10039)."""
+        def on_request(sub, subject, reply, hdr, msg):
+            if not reply or subject.startswith(b"$JS.API.CONSUMER.MSG.NEXT.") or \
+                    subject.startswith(b"$JS.API.DIRECT.GET."):
+                return
+            if account.is_system and subject.startswith(self._SYSTEM_API):
+                return
+            rtype = "account_info_response" if subject == b"$JS.API.INFO" \
+                else "system_response"
+            err = ApiError.of("JSNotEnabledForAccountErr").to_dict()
+            self.server.deliver(account, reply, None, json.dumps(
+                {"type": T + rtype, "error": err}, separators=(",", ":")).encode())
+        return on_request
 
     async def worker(self) -> None:
         while True:
@@ -126,21 +140,12 @@ class Api:
                 self._send(jsa, reply, resp, headers=resp.pop(RESPONSE_HEADERS, None))
             await trio.lowlevel.checkpoint()
 
-    def _send(self, jsa, reply: bytes, resp: dict, account=None, acc_obj=None,
-              raw_account=None, headers: bytes | None = None) -> None:
+    def _send(self, jsa, reply: bytes, resp: dict, headers: bytes | None = None) -> None:
         data = json.dumps(resp, separators=(",", ":")).encode()
-        if jsa is not None:
-            if headers:
-                self.server.deliver(jsa.account, reply, None, headers + data, len(headers))
-            else:
-                self.server.deliver(jsa.account, reply, None, data)
-            return
-        # The not-enabled answer: find the account whose sublist holds the subscription.
-        for acc in self.server.accounts.values():
-            if raw_account is not None and any(s is raw_account for s in
-                                               acc.sublist.match(b"$JS.API.INFO").psubs):
-                self.server.deliver(acc, reply, None, data)
-                return
+        if headers:
+            self.server.deliver(jsa.account, reply, None, headers + data, len(headers))
+        else:
+            self.server.deliver(jsa.account, reply, None, data)
 
     # ---- dispatch --------------------------------------------------------------------------
 

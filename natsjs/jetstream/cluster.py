@@ -44,6 +44,7 @@ META = "_meta_"
 INFO_INTERVAL = 1.0          # how often a server announces itself
 OFFLINE_AFTER = 3.5          # silence after which a peer counts as offline
 BOOTSTRAP_STABLE = 1.0       # the known peer set must hold still this long
+BOOTSTRAP_QUORUM_WAIT = 10.0  # ... or this long when only a quorum of servers is there
 META_SNAPSHOT_EVERY = 256    # meta entries between snapshots
 T = "io.nats.jetstream.api.v1."
 
@@ -227,6 +228,7 @@ class JetStreamCluster:
         self.me = peer_id(self.server.name)
         self.transport = Transport(self)
         self.nodes: dict[str, NodeInfo] = {}
+        self._warned_foreign: set = set()
         self.meta: RaftService | None = None
         self.state = MetaState(self)
         self.replicas: dict[str, object] = {}      # group name -> replica (stream/consumer)
@@ -287,6 +289,7 @@ class JetStreamCluster:
     async def _info_loop(self) -> None:
         while True:
             self._publish_info()
+            self._not_meta_peers()        # reports a nats-server JetStream peer once
             await trio.sleep(INFO_INTERVAL)
 
     def _publish_info(self) -> None:
@@ -358,7 +361,29 @@ class JetStreamCluster:
             if u.port == (cl.port or cl.copts.port) and (u.hostname or "") in local:
                 continue
             others.add((u.hostname, u.port))
-        return len(others) + 1
+        # Connected servers that will never be meta peers: plain ones (their route INFO
+        # has no "jetstream") and nats-server JetStream servers (not supported).
+        return max(len(others) + 1 - len(self._not_meta_peers()), 1)
+
+    def _not_meta_peers(self) -> list:
+        out = []
+        for remote in list(self.server.cluster.remotes.values()):
+            if not remote.routes():
+                continue
+            info = remote.info or {}
+            if not info.get("jetstream"):
+                out.append(remote)
+            elif not remote.natsjs:
+                out.append(remote)
+                if remote.name not in self._warned_foreign:
+                    self._warned_foreign.add(remote.name)
+                    self.server.log.error(
+                        "JetStream cluster: server %s is a nats-server with JetStream "
+                        "enabled; it cannot be a peer of a natsjs JetStream cluster. It "
+                        "keeps its own JetStream data and natsjs keeps its own, but clients "
+                        "may get answers from both: run it without JetStream or in its "
+                        "own cluster", remote.name or remote.server_id)
+        return out
 
     async def _meta_loop(self) -> None:
         files = DirFiles(self.meta_dir)
@@ -394,7 +419,12 @@ class JetStreamCluster:
                 self._last_dbg = now
                 self.server.log.debug("JetStream cluster: waiting to form the meta group: "
                                       "know %s, want %d, agree %s", sorted(known), want, agree)
-            if len(known) >= want and agree and now - stable_since >= BOOTSTRAP_STABLE:
+            want = self._expected_size()
+            if agree and (len(known) >= want and now - stable_since >= BOOTSTRAP_STABLE or
+                          len(known) >= want // 2 + 1 and
+                          now - stable_since >= BOOTSTRAP_QUORUM_WAIT):
+                # Every expected server, or (after a longer wait) a quorum of them: the
+                # rest join the group when they come.
                 self.server.log.info("JetStream cluster: forming the meta group with %s",
                                      ", ".join(sorted(self.node_name(p) for p in known)))
                 return sorted(known)

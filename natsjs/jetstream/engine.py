@@ -282,11 +282,12 @@ class JetStream:
 
     def enabled_accounts(self) -> list:
         """Which accounts get JetStream (server/jetstream.go enableJetStreamAccounts):
-        with no accounts configured, the global one; otherwise those that ask for it."""
+        with no accounts configured but the system account, the global one; otherwise
+        those that ask for it."""
         server = self.server
         out = []
         configured = server.opts.accounts
-        if not configured:
+        if all(cfg.name == server.system_account.name for cfg in configured):
             out.append((server.accounts["$G"], AccountJSLimits()))
             return out
         for cfg in configured:
@@ -391,14 +392,17 @@ class JetStream:
             if other.sourcing is not None and other is not stream:
                 other.sourcing.origin_created(stream.name)
 
-    def subscribe(self, account, subject: bytes, callback, queue: bytes | None = None):
+    def subscribe(self, account, subject: bytes, callback, queue: bytes | None = None,
+                  route: bool = True):
         """An internal subscription of JetStream's in ``account`` (interest is
-        propagated to routes like a client's)."""
+        propagated to routes like a client's, unless ``route`` is false: every server
+        has the same one and serves its own clients with it)."""
         if not isinstance(callback, Sink):
             callback = self._guard(callback, subject)
         sub = Subscription(subject, queue, b"", None, callback)
         account.sublist.insert(sub)
-        self.server.route_interest(account, [sub], 1)
+        if route:
+            self.server.route_interest(account, [sub], 1)
         return sub
 
     def unsubscribe(self, account, sub) -> None:
