@@ -37,12 +37,18 @@ def free_ports(n: int) -> list[int]:
 
 class JSCluster:
     def __init__(self, tmp_path, size: int = 3, reference: bool = False, extra: str = "",
-                 js_nodes=None):
+                 js_nodes=None, reference_nodes=(), own_addresses: bool = False):
         self.dir = str(tmp_path)
         self.size = size
         self.reference = reference
         self.extra = extra
         self.js_nodes = set(range(size)) if js_nodes is None else set(js_nodes)
+        # Servers run by the reference binary (all of them with ``reference``).
+        self.reference_nodes = set(range(size)) if reference else set(reference_nodes)
+        # Each server on its own loopback address (127.0.0.2, .3, ...), so that its route
+        # traffic can be cut by address (partitions()); clients still come from 127.0.0.1.
+        self.hosts = ["127.0.0.%d" % (i + 2) if own_addresses else "127.0.0.1"
+                      for i in range(size)]
         ports = free_ports(3 * size)
         self.ports = ports[:size]
         self.cluster_ports = ports[size:2 * size]
@@ -54,17 +60,18 @@ class JSCluster:
         return "n%d-c1" % (i + 1)
 
     def _write_conf(self, i: int) -> str:
-        routes = "\n".join("    nats-route://127.0.0.1:%d" % p for p in self.cluster_ports)
+        routes = "\n".join("    nats-route://%s:%d" % hp
+                           for hp in zip(self.hosts, self.cluster_ports))
         js = ""
         if i in self.js_nodes:
             js = "jetstream { store_dir: %s }" % json.dumps(os.path.join(self.dir, "n%d" % (i + 1)))
         text = """server_name: %(name)s
-listen: 127.0.0.1:%(port)d
-http: 127.0.0.1:%(http)d
+listen: %(host)s:%(port)d
+http: %(host)s:%(http)d
 %(js)s
 cluster {
   name: C1
-  listen: 127.0.0.1:%(cport)d
+  listen: %(host)s:%(cport)d
   routes: [
 %(routes)s
   ]
@@ -75,7 +82,7 @@ accounts {
 }
 no_auth_user: app
 %(extra)s
-""" % {"name": self.name(i), "port": self.ports[i], "http": self.http_ports[i], "js": js,
+""" % {"host": self.hosts[i], "name": self.name(i), "port": self.ports[i], "http": self.http_ports[i], "js": js,
        "cport": self.cluster_ports[i], "routes": routes, "user": SYS_USER, "pw": SYS_PASS,
        "extra": self.extra}
         path = os.path.join(self.dir, "n%d.conf" % (i + 1))
@@ -84,7 +91,7 @@ no_auth_user: app
         return path
 
     def _argv(self, i: int) -> list[str]:
-        if self.reference:
+        if i in self.reference_nodes:
             return [reference_server_binary(), "-c", self.confs[i]]
         return [sys.executable, "-m", "natsjs", "-c", self.confs[i]]
 
@@ -103,7 +110,7 @@ no_auth_user: app
         return self
 
     def url(self, i: int) -> str:
-        return "nats://127.0.0.1:%d" % self.ports[i]
+        return "nats://%s:%d" % (self.hosts[i], self.ports[i])
 
     @property
     def urls(self) -> list[str]:
@@ -113,13 +120,14 @@ no_auth_user: app
         return [i for i, p in enumerate(self.procs) if p is not None and p.alive()]
 
     def http(self, i: int, path: str):
-        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http_ports[i], path),
+        with urllib.request.urlopen("http://%s:%d%s" % (self.hosts[i], self.http_ports[i], path),
                                     timeout=2) as r:
             return json.loads(r.read())
 
     def healthz(self, i: int) -> int:
         try:
-            with urllib.request.urlopen("http://127.0.0.1:%d/healthz" % self.http_ports[i],
+            with urllib.request.urlopen("http://%s:%d/healthz" % (self.hosts[i],
+                                                                  self.http_ports[i]),
                                         timeout=2) as r:
                 return r.status
         except urllib.error.HTTPError as e:
@@ -169,4 +177,57 @@ no_auth_user: app
 
     def __exit__(self, *exc):
         self.close()
+        return False
+
+
+class Partitions:
+    """Network partitions between the servers of a cluster started with
+    ``own_addresses``: iptables rules in a chain of our own, dropping the packets
+    between the addresses of servers on different sides.  ``cut(sides)`` replaces the
+    current partition; ``heal()`` removes it; leaving the context removes the chain."""
+
+    def __init__(self, cluster: JSCluster):
+        self.cluster = cluster
+        self.chain = "NATSJS_T%d" % os.getpid()
+
+    @staticmethod
+    def usable() -> str | None:
+        """None when iptables can be used here, else why not."""
+        import shutil
+        import subprocess
+        if shutil.which("iptables") is None:
+            return "iptables is not installed (Debian package iptables)"
+        r = subprocess.run(["iptables", "-L", "-n"], capture_output=True, text=True)
+        if r.returncode:
+            return "iptables cannot be used here: %s" % r.stderr.strip()
+        return None
+
+    def _ipt(self, *args, check=True):
+        import subprocess
+        r = subprocess.run(["iptables", "-w", *args], capture_output=True, text=True)
+        if check and r.returncode:
+            raise RuntimeError("iptables %s: %s" % (" ".join(args), r.stderr.strip()))
+
+    def __enter__(self):
+        self._ipt("-N", self.chain)
+        self._ipt("-I", "INPUT", "-j", self.chain)
+        return self
+
+    def cut(self, *sides) -> None:
+        self.heal()
+        for a, side in enumerate(sides):
+            for other in sides[a + 1:]:
+                for i in side:
+                    for j in other:
+                        hi, hj = self.cluster.hosts[i], self.cluster.hosts[j]
+                        self._ipt("-A", self.chain, "-s", hi, "-d", hj, "-j", "DROP")
+                        self._ipt("-A", self.chain, "-s", hj, "-d", hi, "-j", "DROP")
+
+    def heal(self) -> None:
+        self._ipt("-F", self.chain)
+
+    def __exit__(self, *exc):
+        self._ipt("-D", "INPUT", "-j", self.chain, check=False)
+        self._ipt("-F", self.chain, check=False)
+        self._ipt("-X", self.chain, check=False)
         return False

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 
 import nats
 import pytest
 from nats.js.api import StreamConfig
 
-from jscluster import SYS_PASS, SYS_USER, JSCluster
+from jscluster import SYS_PASS, SYS_USER, JSCluster, Partitions
 
 TIMEOUT = 10
 
@@ -410,3 +411,158 @@ def test_peer_remove_replaces_the_replica(cluster5):
         assert si.state.messages == 100
         await nc.close()
     run(main())
+
+
+@pytest.mark.parametrize("plain", ["natsjs", "reference"])
+def test_plain_server_in_the_cluster_serves_jetstream_clients(tmp_path, plain):
+    """JetStream and plain servers mixed, as the documentation allows: three natsjs
+    JetStream servers and a fourth without JetStream (natsjs, or nats-server); a client
+    of the plain server uses replicated streams and consumers through it."""
+    with JSCluster(tmp_path, 4, js_nodes={0, 1, 2},
+                   reference_nodes={3} if plain == "reference" else ()).start() as c:
+        async def main():
+            nc, js = await connect(c, 3)
+
+            async def created():
+                try:
+                    return await js.add_stream(name="M", subjects=["m.>"], num_replicas=3)
+                except Exception:       # the plain server's routes may still be forming
+                    return None
+            si = await until(created, timeout=30)
+            assert si.config.num_replicas == 3
+            for i in range(50):
+                assert (await js.publish("m.%d" % (i % 5), b"%d" % i)).seq == i + 1
+            sub = await js.pull_subscribe("m.>", "worker", stream="M")
+            got = []
+            while len(got) < 50:
+                for m in await sub.fetch(50 - len(got), timeout=TIMEOUT):
+                    got.append(int(m.data))
+                    await m.ack_sync()
+            assert got == list(range(50))
+            si = await js.stream_info("M")
+            names = {c.name(i) for i in range(3)}
+            assert si.cluster.leader in names
+            assert {r.name for r in si.cluster.replicas} | {si.cluster.leader} == names
+            ci = await js.consumer_info("M", "worker")
+            assert ci.num_ack_pending == 0 and ci.delivered.stream_seq == 50
+            await nc.close()
+        run(main())
+        # The meta group is the three JetStream servers only.
+        meta = c.http(0, "/jsz")["meta_cluster"]
+        assert meta["cluster_size"] == 3, meta
+
+
+def test_nats_server_jetstream_peer_is_reported_not_joined(tmp_path):
+    """A nats-server with JetStream on in a natsjs JetStream cluster cannot be a meta
+    peer (the Raft protocols differ): natsjs forms its group without it and says why."""
+    with JSCluster(tmp_path, 4, reference_nodes={3}) as c:
+        c.start(wait=False)
+        c.wait_meta_leader(nodes=[0, 1, 2], timeout=40)
+        assert c.http(0, "/jsz")["meta_cluster"]["cluster_size"] == 3
+        for i in range(3):
+            c.procs[i].wait_for(re.compile(rb"n4-c1 is a nats-server with JetStream enabled"),
+                               timeout=20)
+
+
+def _local_stream_state(cluster: JSCluster, i: int, name: str):
+    """The stream's state in server ``i``'s own replica (its /jsz)."""
+    for acc in cluster.http(i, "/jsz?accounts=true&streams=true").get("account_details") or []:
+        for sd in acc.get("stream_detail") or []:
+            if sd["name"] == name:
+                return sd["state"]
+    return None
+
+
+def test_long_down_replica_catches_up_from_a_snapshot(cluster3):
+    """A replica down while the group wrote more than a snapshot's worth of entries
+    comes back behind the leader's compacted log: it installs the snapshot, fetches the
+    messages it misses from the leader, and ends up holding what the others hold."""
+    n = 10_000
+
+    async def main():
+        nc, js = await connect(cluster3)
+        await js.add_stream(name="C", subjects=["c"], num_replicas=3)
+        await js.publish("c", b"first")
+        leader = cluster3.index_of(await stream_leader(js, "C"))
+        down = [i for i in range(3) if i != leader][0]
+        await nc.close()
+        nc, js = await connect(cluster3, leader)
+        cluster3.stop(down)
+        for chunk in range(0, n, 500):
+            acks = await asyncio.gather(*(js.publish("c", b"m%d" % (chunk + k))
+                                          for k in range(500)))
+            assert len({a.seq for a in acks}) == 500
+        await nc.close()
+        return down
+    down = run(main())
+    cluster3.restart(down).wait_for(re.compile(rb"stream 'APP > C' is behind its snapshot"),
+                                    timeout=30)
+    want = _local_stream_state(cluster3, [i for i in range(3) if i != down][0], "C")
+    assert want["messages"] == n + 1
+
+    deadline = time.monotonic() + 60
+    while _local_stream_state(cluster3, down, "C") != want:
+        assert time.monotonic() < deadline, (_local_stream_state(cluster3, down, "C"), want)
+        time.sleep(0.1)
+
+
+@pytest.mark.skipif(Partitions.usable() is not None, reason=str(Partitions.usable()))
+def test_isolated_leader_partition_heals_without_divergence(tmp_path):
+    """The stream leader is cut off from both followers (its clients still reach it):
+    it acknowledges nothing more; the majority elects a leader that takes writes; after
+    healing every replica holds exactly the acknowledged messages, and none of what the
+    isolated leader took in but could not commit."""
+    with JSCluster(tmp_path, 3, own_addresses=True).start() as c, Partitions(c) as net:
+        async def main():
+            nc, js = await connect(c)
+            await js.add_stream(name="P", subjects=["p"], num_replicas=3)
+            acked = set()
+            for i in range(20):
+                await js.publish("p", b"a%d" % i)
+                acked.add(b"a%d" % i)
+            old = c.index_of(await stream_leader(js, "P"))
+            rest = [i for i in range(3) if i != old]
+            await nc.close()
+            net.cut([old], rest)
+
+            iso_nc, iso_js = await connect(c, old)
+            lost = 0
+            for i in range(5):
+                try:
+                    await iso_js.publish("p", b"iso%d" % i, timeout=0.5)
+                    acked.add(b"iso%d" % i)   # must not happen; checked below
+                except Exception:
+                    lost += 1
+            assert lost == 5, "the isolated leader acknowledged a write"
+            await iso_nc.close()
+
+            maj_nc, maj_js = await connect(c, rest[0])
+
+            async def write(i):
+                try:
+                    return await maj_js.publish("p", b"m%d" % i, timeout=1)
+                except Exception:
+                    return None
+            assert await until(lambda: write(0), timeout=30)
+            acked.add(b"m0")
+            for i in range(1, 20):
+                assert await write(i)
+                acked.add(b"m%d" % i)
+            new = await stream_leader(maj_js, "P")
+            assert new != c.name(old)
+            net.heal()
+
+            async def same_everywhere():
+                states = [_local_stream_state(c, i, "P") for i in range(3)]
+                return states[0]["messages"] == len(acked) and \
+                    all(st == states[0] for st in states) and states
+            await until(same_everywhere, timeout=30)
+            # What the stream holds: exactly the acknowledged values, once each.
+            sub = await maj_js.pull_subscribe("p", "check", stream="P")
+            seen = []
+            while len(seen) < len(acked):
+                seen += [m.data for m in await sub.fetch(len(acked) - len(seen),
+                                                         timeout=TIMEOUT)]
+            assert sorted(seen) == sorted(acked)
+            await maj_nc.close()
+        run(main())
