@@ -96,6 +96,20 @@ def test_r3_stream_is_placed_replicated_and_reported(cluster3):
             nc, js = await connect(cluster3, i)
             assert (await js.get_msg("ORDERS", 50)).data == b"o49"
             await nc.close()
+
+        # R1 in a cluster: one server holds it, reported as leader with no replicas,
+        # and it is used from any server.
+        nc, js = await connect(cluster3, 0)
+        si = await js.add_stream(name="ONE", subjects=["one"], num_replicas=1)
+        assert si.cluster.leader in {"n1-c1", "n2-c1", "n3-c1"} and not si.cluster.replicas
+        holder = cluster3.index_of(si.cluster.leader)
+        await nc.close()
+        nc, js = await connect(cluster3, (holder + 1) % 3)
+        assert (await js.publish("one", b"x")).seq == 1
+        assert (await js.stream_info("ONE")).cluster.leader == cluster3.name(holder)
+        assert _local_stream_state(cluster3, holder, "ONE")["messages"] == 1
+        assert _local_stream_state(cluster3, (holder + 1) % 3, "ONE") is None
+        await nc.close()
     run(main())
 
 
@@ -177,6 +191,22 @@ def test_meta_leader_step_down_by_the_system_user(cluster3):
         nc, js = await connect(cluster3)
         await js.add_stream(name="AFTER", subjects=["after"], num_replicas=3)
         await nc.close()
+
+        # Every server answers the system user's JSZ ping with its JetStream report,
+        # all naming the new meta leader.
+        snc = await sys_connect(cluster3)
+        inbox = snc.new_inbox()
+        sub = await snc.subscribe(inbox)
+        await snc.publish("$SYS.REQ.SERVER.PING.JSZ", b"{}", reply=inbox)
+        replies = [json.loads((await sub.next_msg(timeout=TIMEOUT)).data) for _ in range(3)]
+        assert sorted(r["server"]["name"] for r in replies) == \
+            sorted(cluster3.name(i) for i in range(3))
+        leader = cluster3.wait_meta_leader()
+        for r in replies:
+            assert r["data"]["meta_cluster"]["leader"] == leader
+            assert r["data"]["meta_cluster"]["cluster_size"] == 3
+            assert r["data"]["streams"] == 1
+        await snc.close()
     run(main())
 
 
