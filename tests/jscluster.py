@@ -21,6 +21,9 @@ from conftest import ServerProcess, reference_server_binary
 
 SYS_USER = "admin"
 SYS_PASS = "s3cr3t"
+# The documentation's system user: its bcrypt hash of "a very long s3cr3t! password".
+DOC_PASS = "a very long s3cr3t! password"
+DOC_HASH = "$2a$11$DRh4C0KNbNnD8K/hb/buWe1zPxEHrLEiDmuq1Mi0rRJiH/W25Qidm"
 
 
 def free_ports(n: int) -> list[int]:
@@ -37,11 +40,17 @@ def free_ports(n: int) -> list[int]:
 
 class JSCluster:
     def __init__(self, tmp_path, size: int = 3, reference: bool = False, extra: str = "",
-                 js_nodes=None, reference_nodes=(), own_addresses: bool = False):
+                 js_nodes=None, reference_nodes=(), own_addresses: bool = False,
+                 doc: bool = False):
         self.dir = str(tmp_path)
         self.size = size
         self.reference = reference
         self.extra = extra
+        # ``doc``: the documentation's configuration as written (key=value lines, only the
+        # $SYS account with its bcrypt user; clients without credentials get the global
+        # account), with local ports and a monitoring port added.
+        self.doc = doc
+        self.sys_pass = DOC_PASS if doc else SYS_PASS
         self.js_nodes = set(range(size)) if js_nodes is None else set(js_nodes)
         # Servers run by the reference binary (all of them with ``reference``).
         self.reference_nodes = set(range(size)) if reference else set(reference_nodes)
@@ -60,6 +69,8 @@ class JSCluster:
         return "n%d-c1" % (i + 1)
 
     def _write_conf(self, i: int) -> str:
+        if self.doc:
+            return self._write_doc_conf(i)
         routes = "\n".join("    nats-route://%s:%d" % hp
                            for hp in zip(self.hosts, self.cluster_ports))
         js = ""
@@ -85,6 +96,44 @@ no_auth_user: app
 """ % {"host": self.hosts[i], "name": self.name(i), "port": self.ports[i], "http": self.http_ports[i], "js": js,
        "cport": self.cluster_ports[i], "routes": routes, "user": SYS_USER, "pw": SYS_PASS,
        "extra": self.extra}
+        path = os.path.join(self.dir, "n%d.conf" % (i + 1))
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def _write_doc_conf(self, i: int) -> str:
+        routes = "\n".join("    nats://%s:%d" % hp for j, hp in
+                           enumerate(zip(self.hosts, self.cluster_ports)) if j != i)
+        text = """server_name=%(name)s
+listen=%(host)s:%(port)d
+http=%(host)s:%(http)d
+
+accounts {
+  $SYS {
+    users = [
+      { user: "admin",
+        pass: "%(hash)s"
+      }
+    ]
+  }
+}
+
+jetstream {
+   store_dir=%(dir)s
+}
+
+cluster {
+  name: C1
+  listen: %(host)s:%(cport)d
+  routes: [
+%(routes)s
+  ]
+}
+%(extra)s
+""" % {"name": self.name(i), "host": self.hosts[i], "port": self.ports[i],
+       "http": self.http_ports[i], "hash": DOC_HASH,
+       "dir": json.dumps(os.path.join(self.dir, "n%d" % (i + 1))),
+       "cport": self.cluster_ports[i], "routes": routes, "extra": self.extra}
         path = os.path.join(self.dir, "n%d.conf" % (i + 1))
         with open(path, "w") as f:
             f.write(text)

@@ -18,7 +18,7 @@ import nats
 import pytest
 from nats.js.api import StreamConfig
 
-from jscluster import SYS_PASS, SYS_USER, JSCluster, Partitions
+from jscluster import SYS_USER, JSCluster, Partitions
 
 TIMEOUT = 10
 
@@ -36,7 +36,7 @@ async def connect(cluster: JSCluster, i: int | None = None, **kw):
 
 async def sys_connect(cluster: JSCluster):
     servers = [cluster.url(j) for j in cluster.alive()]
-    return await nats.connect(servers, user=SYS_USER, password=SYS_PASS)
+    return await nats.connect(servers, user=SYS_USER, password=cluster.sys_pass)
 
 
 async def until(pred, timeout: float = 20.0, step: float = 0.05):
@@ -66,8 +66,16 @@ def cluster3(tmp_path):
 
 
 @pytest.fixture
+def cluster3doc(tmp_path):
+    """Three servers configured as the documentation shows (bcrypt $SYS user)."""
+    with JSCluster(tmp_path, 3, doc=True).start() as c:
+        yield c
+
+
+@pytest.fixture
 def cluster5(tmp_path):
-    with JSCluster(tmp_path, 5).start() as c:
+    """Five servers configured as the documentation shows (bcrypt $SYS user)."""
+    with JSCluster(tmp_path, 5, doc=True).start() as c:
         yield c
 
 
@@ -178,30 +186,30 @@ async def _changed(js, name, old):
     return leader if leader and leader != old else None
 
 
-def test_meta_leader_step_down_by_the_system_user(cluster3):
+def test_meta_leader_step_down_by_the_system_user(cluster3doc):
     async def main():
-        old = cluster3.wait_meta_leader()
-        snc = await sys_connect(cluster3)
+        old = cluster3doc.wait_meta_leader()
+        snc = await sys_connect(cluster3doc)
         resp = await snc.request("$JS.API.META.LEADER.STEPDOWN", b"", timeout=TIMEOUT)
         body = json.loads(resp.data)
         assert body["type"] == "io.nats.jetstream.api.v1.meta_leader_stepdown_response"
         assert body.get("success") is True
         await snc.close()
-        await until(_async(lambda: cluster3.wait_meta_leader() != old))
-        nc, js = await connect(cluster3)
+        await until(_async(lambda: cluster3doc.wait_meta_leader() != old))
+        nc, js = await connect(cluster3doc)
         await js.add_stream(name="AFTER", subjects=["after"], num_replicas=3)
         await nc.close()
 
         # Every server answers the system user's JSZ ping with its JetStream report,
         # all naming the new meta leader.
-        snc = await sys_connect(cluster3)
+        snc = await sys_connect(cluster3doc)
         inbox = snc.new_inbox()
         sub = await snc.subscribe(inbox)
         await snc.publish("$SYS.REQ.SERVER.PING.JSZ", b"{}", reply=inbox)
         replies = [json.loads((await sub.next_msg(timeout=TIMEOUT)).data) for _ in range(3)]
         assert sorted(r["server"]["name"] for r in replies) == \
-            sorted(cluster3.name(i) for i in range(3))
-        leader = cluster3.wait_meta_leader()
+            sorted(cluster3doc.name(i) for i in range(3))
+        leader = cluster3doc.wait_meta_leader()
         for r in replies:
             assert r["data"]["meta_cluster"]["leader"] == leader
             assert r["data"]["meta_cluster"]["cluster_size"] == 3
