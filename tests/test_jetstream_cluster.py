@@ -502,6 +502,11 @@ def test_nats_server_jetstream_peer_is_reported_not_joined(tmp_path):
                                timeout=20)
 
 
+async def _not_replicated(js, stream: str, consumer: str):
+    ci = await js.consumer_info(stream, consumer)
+    return not ci.cluster.replicas and ci
+
+
 def _local_stream_state(cluster: JSCluster, i: int, name: str):
     """The stream's state in server ``i``'s own replica (its /jsz)."""
     for acc in cluster.http(i, "/jsz?accounts=true&streams=true").get("account_details") or []:
@@ -604,3 +609,44 @@ def test_isolated_leader_partition_heals_without_divergence(tmp_path):
             assert sorted(seen) == sorted(acked)
             await maj_nc.close()
         run(main())
+
+
+def test_stream_update_scales_replicas_up_and_down(cluster3):
+    """As nats-server 2.10+: an R1 stream updated to R3 gets two replicas caught up with
+    what it holds, and back to R1 keeps the leader's copy."""
+    async def main():
+        nc, js = await connect(cluster3)
+        await js.add_stream(name="S", subjects=["s"], num_replicas=1)
+        for i in range(100):
+            await js.publish("s", b"%d" % i)
+        sub = await js.pull_subscribe("s", "d", stream="S")
+        for m in await sub.fetch(10, timeout=TIMEOUT):
+            await m.ack_sync()
+        si = await js.update_stream(StreamConfig(name="S", subjects=["s"], num_replicas=3))
+        assert si.config.num_replicas == 3
+
+        async def all_current():
+            si = await js.stream_info("S")
+            return si.cluster.replicas and len(si.cluster.replicas) == 2 and \
+                all(r.current for r in si.cluster.replicas) and si
+        si = await until(all_current, timeout=30)
+        # The durable consumer (inheriting the stream's replicas) went to R3 with it.
+
+        async def consumer_r3():
+            ci = await js.consumer_info("S", "d")
+            return ci.cluster.replicas and len(ci.cluster.replicas) == 2 and \
+                all(r.current for r in ci.cluster.replicas) and ci
+        ci = await until(consumer_r3, timeout=30)
+        assert ci.ack_floor.stream_seq == 10
+        assert (await js.publish("s", b"100")).seq == 101
+        await until(_async(lambda: all((_local_stream_state(cluster3, i, "S") or {})
+                                       .get("messages") == 101 for i in range(3))))
+        si = await js.update_stream(StreamConfig(name="S", subjects=["s"], num_replicas=1))
+        assert si.config.num_replicas == 1 and not si.cluster.replicas
+        assert (await js.publish("s", b"101")).seq == 102
+        assert (await js.get_msg("S", 50)).data == b"49"
+        ci = await until(lambda: _not_replicated(js, "S", "d"), timeout=30)
+        assert ci.ack_floor.stream_seq == 10
+        assert [m.data for m in await sub.fetch(1, timeout=TIMEOUT)] == [b"10"]
+        await nc.close()
+    run(main())

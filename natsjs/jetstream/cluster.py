@@ -617,11 +617,18 @@ class JetStreamCluster:
         for key, ca in self.state.consumers.items():
             if self.me in ca["group"]["peers"]:
                 want[ca["group"]["name"]] = ("consumer", ca)
+        groups = {a["group"]["name"] for a in self.state.streams.values()} | \
+            {a["group"]["name"] for a in self.state.consumers.values()}
         for g in [g for g in self.replicas if g not in want]:
-            rep = self.replicas.pop(g)
-            rep.stop(delete=True)
+            rep = self.replicas[g]
+            if g in groups:
+                rep.leave()           # the group goes on without us: leave it in order
+            else:
+                self.drop_replica(rep)
         for g, (kind, a) in want.items():
             rep = self.replicas.get(g)
+            if rep is not None and rep.leaving:
+                rep.leaving = False         # back in the group before it left: stay
             if rep is None:
                 if kind == "stream":
                     rep = ReplicatedStream.create(self, a)
@@ -635,6 +642,12 @@ class JetStreamCluster:
                 self.replicas[g] = rep
             else:
                 rep.assignment_changed(a)
+
+    def drop_replica(self, rep) -> None:
+        """Stop a replica this server no longer holds and delete its files."""
+        if self.replicas.get(rep.group) is rep:
+            del self.replicas[rep.group]
+        rep.stop(delete=True)
 
     def stream_replica(self, acc: str, name: str):
         for rep in self.replicas.values():

@@ -315,6 +315,7 @@ async def _stream_update(api, jsa, name: str, body: bytes):
         group = dict(sa["group"], peers=peers)
         await cl.propose_meta({"op": "stream", "acc": jsa.name, "cfg": new, "group": group,
                                "created": sa["created"]})
+        await _consumers_follow(cl, jsa.name, name, peers)
         info = await _info_when_applied(cl, jsa.name, name, new)
         if info is None:
             raise ApiError.of("JSClusterNotAvailErr")
@@ -323,6 +324,28 @@ async def _stream_update(api, jsa, name: str, body: bytes):
     except trio.TooSlowError:
         return _err(rtype, ApiError.of("JSClusterNotAvailErr"))
     return {"type": T + rtype, **info}
+
+
+def _consumer_peers(cfg: dict, stream_peers, prefer=()) -> list:
+    """A consumer's peers among its stream's: as many as its num_replicas (0: the
+    stream's count for durables, 1 for ephemerals), those in ``prefer`` first."""
+    r = cfg["num_replicas"] or (len(stream_peers) if cfg["durable_name"] else 1)
+    first = [p for p in prefer if p in stream_peers]
+    return (first + [p for p in stream_peers if p not in first])[:r]
+
+
+async def _consumers_follow(cl, acc: str, stream: str, peers) -> None:
+    """The stream's consumers move with it to the new peer set (those that inherit the
+    stream's replica count change it too), keeping the peers they still share."""
+    for ca in list(cl.state.consumers.values()):
+        if ca["acc"] != acc or ca["stream"] != stream:
+            continue
+        new = _consumer_peers(ca["cfg"], peers, ca["group"]["peers"])
+        if new != ca["group"]["peers"]:
+            await cl.propose_meta({"op": "consumer", "acc": acc, "stream": stream,
+                                   "name": ca["name"], "cfg": ca["cfg"],
+                                   "group": dict(ca["group"], peers=new),
+                                   "created": ca["created"]})
 
 
 def _leader_of(cl, sa: dict):
@@ -414,15 +437,7 @@ async def _peer_remove(api, jsa, name: str, body: bytes):
         return _err(rtype, err)
     await cl.propose_meta({"op": "stream", "acc": jsa.name, "cfg": sa["cfg"],
                            "group": dict(sa["group"], peers=peers), "created": sa["created"]})
-    # The stream's consumers follow it to the new peer set.
-    for ca in list(cl.state.consumers.values()):
-        if ca["acc"] == jsa.name and ca["stream"] == name and peer in ca["group"]["peers"]:
-            cpeers = [p for p in peers if p in ca["group"]["peers"] or
-                      p not in sa["group"]["peers"]][:len(ca["group"]["peers"])]
-            await cl.propose_meta({"op": "consumer", "acc": jsa.name, "stream": name,
-                                   "name": ca["name"], "cfg": ca["cfg"],
-                                   "group": dict(ca["group"], peers=cpeers),
-                                   "created": ca["created"]})
+    await _consumers_follow(cl, jsa.name, name, peers)
     return {"type": T + rtype, "success": True}
 
 
@@ -489,13 +504,8 @@ async def _consumer_create(api, jsa, stream_name: str, cname, filt, body: bytes,
                     if ca["acc"] == jsa.name and ca["stream"] == stream_name)
         if maxc > 0 and count >= maxc:
             raise ApiError.of("JSMaximumConsumersLimitErr")
-        peers = list(sa["group"]["peers"])
-        r = cfg["num_replicas"] or (len(peers) if cfg["durable_name"] else 1)
-        if r < len(peers):
-            leader = _leader_of(cl, sa)
-            peers = ([leader] if leader in peers else []) + \
-                [p for p in peers if p != leader]
-            peers = peers[:r]
+        leader = _leader_of(cl, sa)
+        peers = _consumer_peers(cfg, sa["group"]["peers"], [leader] if leader else [])
         group = {"name": group_name("C", len(peers), scfg["storage"]), "peers": peers}
         await cl.propose_meta({"op": "consumer", "acc": jsa.name, "stream": stream_name,
                                "name": name, "cfg": cfg, "group": group, "created": now_ns(),

@@ -659,6 +659,11 @@ class RaftNode:
         # could be lost under it.
         return self._configs[-1][0] <= self.commit and self.commit >= self._leader_first
 
+    def changing_membership(self) -> bool:
+        """A peer is being added, or a configuration entry is not committed yet: the
+        next change must wait (``Ready.membership`` reports the commit)."""
+        return bool(self._learners) or not self._config_change_allowed()
+
     def _check_config_change(self) -> None:
         if self.role != LEADER or self._transfer_to is not None:
             raise NotLeader(self.leader_id)

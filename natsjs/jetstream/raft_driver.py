@@ -378,6 +378,9 @@ class StateMachine:
         """This node leads ``term`` and has applied every entry before it: what only a
         leader does (deliveries, timers) may start from an up-to-date state."""
 
+    def membership_changed(self, index: int, peers: tuple) -> None:
+        """A configuration entry (the voters ``peers``) committed at ``index``."""
+
 
 class RaftService:
     """Runs one RaftNode: timers, message intake, fsync with group commit, effects."""
@@ -589,6 +592,8 @@ class RaftService:
             self.fsm.restore(storage, *r.restore)
         if r.committed:
             self.fsm.apply(r.committed)
+        for index, peers in r.membership:
+            self.fsm.membership_changed(index, peers)
         if r.leader is not None:
             self.fsm.leader_changed(*r.leader)
         node = self.node

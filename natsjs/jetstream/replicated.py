@@ -31,7 +31,7 @@ from natsjs._core.filelog import FileLog
 from natsjs._core.jsingest import apply_plain, decode_record
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns
-from natsjs.jetstream.raft import NotLeader, RaftConfig
+from natsjs.jetstream.raft import ConfigChangeInProgress, NotLeader, RaftConfig
 from natsjs.jetstream.raft_driver import DirFiles, RaftService, RaftStorage, StateMachine
 from natsjs.jetstream.store import (META, MSGS, OBS, ConsumerState, MemConsumerStore,
                                     open_message_log, write_json_atomic,
@@ -39,6 +39,7 @@ from natsjs.jetstream.store import (META, MSGS, OBS, ConsumerState, MemConsumerS
 from natsjs.jetstream.stream import Stream
 
 SNAPSHOT_EVERY = 8192
+LEAVE_GRACE = 10.0     # how long a replica taken out of its group keeps serving it
 _MSG = struct.Struct("<qHI")          # ts, subject length, header length (or NO_HDR)
 NO_HDR = 0xFFFFFFFF
 E_MSG = b"M"
@@ -64,7 +65,73 @@ def decode_msg(data: bytes):
     return subject, hdr, data[p:], ts
 
 
-class ReplicatedStream(StateMachine):
+class _Replica(StateMachine):
+    """What stream and consumer replicas share: their group's membership follows the
+    peers the meta group assigns (stream updates changing replicas, peer removal)."""
+
+    def assigned_peers(self) -> list:
+        return self.peers
+
+    leaving = False
+
+    def membership_changed(self, index: int, peers: tuple) -> None:
+        self.reconcile_members()
+
+    def leave(self) -> None:
+        """The meta group took this server out of the group: keep serving as a member
+        until the leader's configuration no longer counts on us (a scale-down's
+        intermediate configurations need the peers removed last), then go."""
+        if self.leaving:
+            return
+        self.leaving = True
+        self.js.spawn(self._leave)
+
+    async def _leave(self) -> None:
+        def staying() -> bool:
+            return self.closed or not self.leaving
+        with trio.move_on_after(LEAVE_GRACE):
+            while not staying() and self.cluster.me in self.raft.node.voters:
+                if self.raft.is_leader():
+                    try:
+                        self.raft.transfer_leadership()     # the next leader removes us
+                    except Exception:
+                        pass
+                    await trio.sleep(0.25)
+                else:
+                    await trio.sleep(0.1)
+        if staying():
+            return
+        self.cluster.drop_replica(self)
+
+    def reconcile_members(self) -> None:
+        """On the leader: move the group's voters one step toward the assigned peers
+        (one change at a time, as Raft's single-server changes must go); called again
+        when that change commits and when a new leader is ready."""
+        svc = self.raft
+        if self.closed or not svc.is_leader():
+            return
+        node = svc.node
+        want = self.assigned_peers()
+        me = self.cluster.me
+        try:
+            if node.changing_membership():
+                return
+            if me not in want:
+                svc.transfer_leadership()        # the next leader removes us
+                return
+            for p in want:
+                if p not in node.voters:
+                    svc.add_peer(p)
+                    return
+            for p in node.voters:
+                if p not in want:
+                    svc.remove_peer(p)
+                    return
+        except (NotLeader, ConfigChangeInProgress, ValueError) as exc:
+            self.server.log.debug("JetStream cluster: membership of %s: %r", self.group, exc)
+
+
+class ReplicatedStream(_Replica):
     """This server's replica of a stream of the cluster."""
 
     kind = "stream"
@@ -371,19 +438,11 @@ class ReplicatedStream(StateMachine):
         self.peers = list(sa["group"]["peers"])
         if sa["cfg"] != self.stream.cfg:
             self.stream.config_for_update(sa["cfg"])
-        if self.is_leader():
-            for p in self.peers:
-                if p not in old_peers:
-                    try:
-                        self.raft.add_peer(p)
-                    except Exception as exc:
-                        self.server.log.debug("JetStream cluster: add peer %s: %r", p, exc)
-            for p in old_peers:
-                if p not in self.peers:
-                    try:
-                        self.raft.remove_peer(p)
-                    except Exception as exc:
-                        self.server.log.debug("JetStream cluster: remove peer %s: %r", p, exc)
+        if self.peers != old_peers:
+            self.reconcile_members()
+
+    def leader_ready(self, term: int) -> None:
+        self.reconcile_members()
 
     def stop(self, delete: bool = False) -> None:
         if self.closed:
@@ -406,7 +465,7 @@ class ReplicatedStream(StateMachine):
         return self.cluster.cluster_info(self)
 
 
-class ReplicatedConsumer(StateMachine):
+class ReplicatedConsumer(_Replica):
     """This server's replica of a consumer of a replicated stream."""
 
     kind = "consumer"
@@ -479,6 +538,7 @@ class ReplicatedConsumer(StateMachine):
         c = self.consumer
         self._active = True
         c.set_active_leader(True)
+        self.reconcile_members()
         if not self._answered_create and self.ca.get("reply"):
             self._answered_create = True
             resp = {"type": "io.nats.jetstream.api.v1.consumer_create_response", **c.info()}
@@ -609,9 +669,13 @@ class ReplicatedConsumer(StateMachine):
             pass
 
     def assignment_changed(self, ca: dict) -> None:
+        old_peers = self.peers
         self.ca = ca
+        self.peers = list(ca["group"]["peers"])
         if ca["cfg"] != self.consumer.cfg:
             self.consumer.update_config(ca["cfg"])
+        if self.peers != old_peers:
+            self.reconcile_members()
 
     def stop(self, delete: bool = False) -> None:
         if self.closed:
