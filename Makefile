@@ -24,7 +24,7 @@ build: install
 
 run: build
 	mkdir -p data
-	$(VENV)/bin/natsjs-server -p $(PORT) -m $(HTTP_PORT)
+	$(VENV)/bin/natsjs-server -p $(PORT) -m $(HTTP_PORT) -js -sd data
 
 test: build
 	$(PY) -m pytest -q tests
