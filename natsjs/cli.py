@@ -343,6 +343,16 @@ async def _run(opts: ServerOptions, log: Logger, argv: list[str]) -> int:
                           exc.strerror or str(exc))
                 nursery.cancel_scope.cancel()
                 return 1
+            except BaseExceptionGroup as group:
+                from natsjs.monitor import MonitorListenError
+                found = group.subgroup(lambda e: isinstance(e, MonitorListenError))
+                if found is None:
+                    raise
+                while isinstance(found, BaseExceptionGroup):
+                    found = found.exceptions[0]
+                log.fatal("%s", found)
+                nursery.cancel_scope.cancel()
+                return 1
             await server.stopped.wait()
             nursery.cancel_scope.cancel()
     finally:

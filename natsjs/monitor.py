@@ -1005,11 +1005,21 @@ def parse_target(target: str) -> tuple[str, dict]:
 # ---- HTTP -------------------------------------------------------------------------
 
 
+class MonitorListenError(Exception):
+    """The monitoring port cannot be opened; the message is nats-server's."""
+
+
 async def serve(server, task_status=trio.TASK_STATUS_IGNORED):
     opts = server.opts
     host = opts.http_host or opts.host
     port = 0 if opts.http_port == -1 else opts.http_port
-    listeners = await trio.open_tcp_listeners(port, host=host or None)
+    try:
+        listeners = await trio.open_tcp_listeners(port, host=host or None)
+    except OSError as exc:
+        raise MonitorListenError(
+            "Can't start monitoring: can't listen to the monitor port: listen tcp %s:%d: "
+            "bind: %s" % (host or "0.0.0.0", port, (exc.strerror or str(exc)).lower())) \
+            from None
     server.http_port = listeners[0].socket.getsockname()[1]
     server.log.info("Starting http monitor on %s:%d", host or "0.0.0.0", server.http_port)
     task_status.started()

@@ -698,3 +698,25 @@ def test_jsonp_callback_must_be_a_javascript_name(natsjs_server):
         assert status == 400, evil
         assert ctype.startswith("text/plain")
         assert evil.encode() not in body
+
+
+@pytest.mark.parametrize("which", ["natsjs", "reference"])
+def test_monitor_port_in_use_is_one_fatal_line(which):
+    """A busy monitoring port stops the server with nats-server's one FTL line, not a
+    traceback."""
+    import subprocess
+    from conftest import natsjs_command, reference_server_binary
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    cmd = natsjs_command() if which == "natsjs" else [reference_server_binary()]
+    try:
+        p = subprocess.run(cmd + ["-a", "127.0.0.1", "-p", "-1", "-m", str(port)],
+                           capture_output=True, text=True, timeout=30)
+    finally:
+        busy.close()
+    assert p.returncode == 1
+    assert ("[FTL] Can't start monitoring: can't listen to the monitor port: listen tcp "
+            "127.0.0.1:%d: bind: address already in use" % port) in p.stderr
+    assert "Traceback" not in p.stderr
