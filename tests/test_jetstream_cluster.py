@@ -650,3 +650,34 @@ def test_stream_update_scales_replicas_up_and_down(cluster3):
         assert [m.data for m in await sub.fetch(1, timeout=TIMEOUT)] == [b"10"]
         await nc.close()
     run(main())
+
+
+def test_subject_delete_markers_are_replicated(cluster3):
+    """An R3 stream with subject delete markers: when max_age takes the last message of
+    a subject, the leader writes the marker through the group, so every replica holds
+    the same marker at the same sequence."""
+    async def main():
+        nc, js = await connect(cluster3)
+        cfg = {"name": "SDM", "subjects": ["sdm.>"], "num_replicas": 3, "max_age": 500_000_000,
+               "allow_msg_ttl": True, "subject_delete_marker_ttl": 60_000_000_000}
+        resp = json.loads((await nc.request("$JS.API.STREAM.CREATE.SDM",
+                                            json.dumps(cfg).encode(), timeout=TIMEOUT)).data)
+        assert "error" not in resp, resp
+        await js.publish("sdm.a", b"1")
+        await js.publish("sdm.a", b"2")
+
+        async def marked():
+            try:
+                m = await js.get_last_msg("SDM", "sdm.a")
+            except Exception:
+                return None
+            return m if m.headers and m.headers.get("Nats-Marker-Reason") == "MaxAge" else None
+        m = await until(marked, timeout=20)
+        assert m.seq == 3 and not m.data
+
+        async def alike():
+            states = [_local_stream_state(cluster3, i, "SDM") for i in range(3)]
+            return all(st and st["messages"] == 1 and st["last_seq"] == 3 for st in states)
+        await until(alike, timeout=20)
+        await nc.close()
+    run(main())

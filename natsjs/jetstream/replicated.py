@@ -45,10 +45,12 @@ NO_HDR = 0xFFFFFFFF
 E_MSG = b"M"
 E_BATCH = b"B"        # records captured in C by the leader (natsjs/_core/jsingest.pyx)
 E_OP = b"J"
+E_SOURCED = b"X"      # like E_MSG, processed as the stream's own (markers): no client checks
 
 
-def encode_msg(subject: bytes, hdr: bytes | None, msg: bytes, ts: int) -> bytes:
-    return b"".join((E_MSG, _MSG.pack(ts, len(subject), NO_HDR if hdr is None else len(hdr)),
+def encode_msg(subject: bytes, hdr: bytes | None, msg: bytes, ts: int,
+               kind: bytes = E_MSG) -> bytes:
+    return b"".join((kind, _MSG.pack(ts, len(subject), NO_HDR if hdr is None else len(hdr)),
                      subject, hdr or b"", msg))
 
 
@@ -244,7 +246,12 @@ class ReplicatedStream(_Replica):
         ts = self.stream._batch_ts
         for subject, reply, hdr, msg in batch:
             if reply is not None and reply.__class__ is not bytes:
-                continue          # sourcing handlers are not replicated (yet)
+                # What the stream writes itself (subject delete markers) is replicated
+                # as such; sourcing handlers are not replicated (yet).
+                if getattr(reply, "replicate_as_sourced", False):
+                    datas.append(encode_msg(subject, hdr, msg, ts, E_SOURCED))
+                    replies.append(None)
+                continue
             datas.append(encode_msg(subject, hdr, msg, ts))
             replies.append(reply)
         if not datas:
@@ -299,6 +306,12 @@ class ReplicatedStream(_Replica):
                 subject, hdr, msg, ts = decode_msg(data)
                 stream._budget = 1 << 62
                 self._apply_one(subject, hdr, msg, ts, self._replies.pop(index, None), replies)
+            elif kind == E_SOURCED:
+                subject, hdr, msg, ts = decode_msg(data)
+                stream._budget = 1 << 62
+                stream.process_sourced(subject, hdr, msg, ts)
+                if stream._sdm is not None:
+                    stream._sdm.forget_gone()
             elif kind == E_OP:
                 result = self._apply_op(json.loads(data[1:]))
                 slot = self._waiters.get(index)
