@@ -681,3 +681,54 @@ def test_subject_delete_markers_are_replicated(cluster3):
         await until(alike, timeout=20)
         await nc.close()
     run(main())
+
+
+def test_replicated_mirror_and_sources_survive_leader_change(cluster3):
+    """An R3 mirror and an R3 stream with two sources: their leaders take what the
+    origins hold and write it through their groups, so every replica holds the same;
+    after the mirror's leader is killed the new one goes on without gaps or doubles."""
+    from nats.js.api import StreamSource
+
+    async def main():
+        nc, js = await connect(cluster3)
+        await js.add_stream(name="O1", subjects=["o1"], num_replicas=3)
+        await js.add_stream(name="O2", subjects=["o2"], num_replicas=1)
+        for i in range(20):
+            await js.publish("o1", b"a%d" % i)
+            await js.publish("o2", b"b%d" % i)
+        await js.add_stream(name="MIR", num_replicas=3, mirror=StreamSource(name="O1"))
+        await js.add_stream(name="SRC", num_replicas=3,
+                            sources=[StreamSource(name="O1"), StreamSource(name="O2")])
+
+        async def holds(name, n):
+            states = [_local_stream_state(cluster3, i, name) for i in cluster3.alive()]
+            return all(st and st["messages"] == n for st in states) and states
+        await until(lambda: holds("MIR", 20), timeout=30)
+        await until(lambda: holds("SRC", 40), timeout=30)
+
+        leader = await stream_leader(js, "MIR")
+        await nc.close()
+        cluster3.kill(cluster3.index_of(leader))
+        nc, js = await connect(cluster3)
+
+        async def publish(i):
+            try:
+                return await js.publish("o1", b"a%d" % i, timeout=1)
+            except Exception:
+                return None
+        for i in range(20, 40):
+            assert await until(lambda: publish(i), timeout=30)
+
+        async def mirrored():
+            try:
+                si = await js.stream_info("MIR")
+            except Exception:
+                return None
+            return si.state.messages == 40 and si.state.last_seq == 40 and si
+        await until(mirrored, timeout=30)
+        await until(lambda: holds("MIR", 40), timeout=30)
+        for seq in (1, 20, 21, 40):
+            assert (await js.get_msg("MIR", seq)).data == b"a%d" % (seq - 1)
+        await until(lambda: holds("SRC", 60), timeout=30)
+        await nc.close()
+    run(main())

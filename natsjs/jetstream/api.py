@@ -531,7 +531,7 @@ class Api:
             stream = self._stream(jsa, stream_name)
             identity = None
             if ccfg["direct"] or ccfg["sourcing"]:
-                cname = sourcing_consumer_name(stream, ccfg) or cname
+                cname = sourcing_consumer_name(stream.cfg, ccfg) or cname
                 identity = sourcing.stream_identity(stream.created)
                 want = H.get(hdr, b"Nats-Stream-Identity") if hdr else None
                 if want and want.decode("utf-8", "replace") != identity:
@@ -745,7 +745,7 @@ def required_level(hdr: bytes | None) -> int:
     return int(raw) if raw.isdigit() else 1 << 30
 
 
-def sourcing_consumer_name(stream, cfg: dict) -> str | None:
+def sourcing_consumer_name(stream_cfg: dict, cfg: dict) -> str | None:
     """server/jetstream_api.go: a mirror's or source's consumer asks with a stable
     name; on a stream with limits retention it gets a random suffix (a new consumer
     every time), on an interest or work queue stream it becomes a durable that acks
@@ -753,7 +753,7 @@ def sourcing_consumer_name(stream, cfg: dict) -> str | None:
     source has not taken yet."""
     if not (cfg["direct"] and cfg["sourcing"] and cfg["name"]):
         return None
-    if stream.cfg["retention"] in ("interest", "workqueue"):
+    if stream_cfg["retention"] in ("interest", "workqueue"):
         cfg["direct"] = False
         cfg["durable_name"] = cfg["name"]
         cfg["ack_policy"] = "flow_control"

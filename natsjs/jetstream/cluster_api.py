@@ -478,6 +478,10 @@ async def _consumer_create(api, jsa, stream_name: str, cname, filt, body: bytes,
         CC.set_static_metadata(ccfg)
         cfg = CC.set_defaults(ccfg, scfg, api.js.opts.limits, jsa.limits, pedantic)
         CC.check_config(cfg, scfg, api.js.opts.limits, jsa.limits)
+        if cfg["direct"] or cfg["sourcing"]:
+            # A mirror's or source's consumer: a new name every time on a limits stream.
+            from natsjs.jetstream.api import sourcing_consumer_name
+            sourcing_consumer_name(scfg, cfg)
         name = cfg["durable_name"] or cfg["name"]
         existing = cl.state.consumers.get("%s %s %s" % (jsa.name, stream_name, name)) \
             if name else None

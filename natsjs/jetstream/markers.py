@@ -95,12 +95,8 @@ class SubjectDeleteMarkers:
 
     def _store_marker(self, subject: bytes, hdr: bytes | None, msg: bytes) -> None:
         """Called by the stream's ingest task, in order with everything else."""
-        self.stream.process_sourced(subject, hdr, msg)
+        self.stream.write_sourced(subject, hdr, msg)
         self.forget_gone()
-
-    # A replicated stream's leader proposes the marker, and every replica stores it as
-    # the stream's own message when it is committed (replicated.py E_SOURCED).
-    _store_marker.replicate_as_sourced = True
 
     def forget_gone(self) -> None:
         """Drop the guard of markers whose expired message is gone."""

@@ -45,7 +45,9 @@ NO_HDR = 0xFFFFFFFF
 E_MSG = b"M"
 E_BATCH = b"B"        # records captured in C by the leader (natsjs/_core/jsingest.pyx)
 E_OP = b"J"
-E_SOURCED = b"X"      # like E_MSG, processed as the stream's own (markers): no client checks
+E_SOURCED = b"X"      # <Q mirror seq> + E_MSG's layout: what the stream writes itself
+                      # (mirrors, sources, subject delete markers), without client checks
+_SEQ = struct.Struct("<Q")
 
 
 def encode_msg(subject: bytes, hdr: bytes | None, msg: bytes, ts: int,
@@ -54,9 +56,15 @@ def encode_msg(subject: bytes, hdr: bytes | None, msg: bytes, ts: int,
                      subject, hdr or b"", msg))
 
 
-def decode_msg(data: bytes):
-    ts, slen, hlen = _MSG.unpack_from(data, 1)
-    p = 1 + _MSG.size
+def encode_sourced(subject: bytes, hdr: bytes | None, msg: bytes, ts: int,
+                   mirror_seq: int) -> bytes:
+    return b"".join((E_SOURCED, _SEQ.pack(mirror_seq), _MSG.pack(
+        ts, len(subject), NO_HDR if hdr is None else len(hdr)), subject, hdr or b"", msg))
+
+
+def decode_msg(data: bytes, off: int = 1):
+    ts, slen, hlen = _MSG.unpack_from(data, off)
+    p = off + _MSG.size
     subject = data[p:p + slen]
     p += slen
     if hlen == NO_HDR:
@@ -185,6 +193,7 @@ class ReplicatedStream(_Replica):
         transport, self._inbox = cluster.transport.attach(self.group)
         self.catching_up = False
         self._held: list = []          # entries committed while catching up
+        self._collect = None           # (datas, replies) of the batch being proposed
         # The store goes back to where the last snapshot says it was (restore(), called
         # by the service when there is one; empty otherwise); the log after that point
         # is applied again.
@@ -225,6 +234,7 @@ class ReplicatedStream(_Replica):
                 self._answer_create()
         else:
             stream._unsubscribe_capture()
+            stream.lead_sourcing(False)
             self._replies.clear()
         for c in stream.consumers.values():
             c.signal()
@@ -244,16 +254,19 @@ class ReplicatedStream(_Replica):
         datas = []
         replies = []
         ts = self.stream._batch_ts
-        for subject, reply, hdr, msg in batch:
-            if reply is not None and reply.__class__ is not bytes:
-                # What the stream writes itself (subject delete markers) is replicated
-                # as such; sourcing handlers are not replicated (yet).
-                if getattr(reply, "replicate_as_sourced", False):
-                    datas.append(encode_msg(subject, hdr, msg, ts, E_SOURCED))
-                    replies.append(None)
-                continue
-            datas.append(encode_msg(subject, hdr, msg, ts))
-            replies.append(reply)
+        self._collect = (datas, replies)
+        try:
+            for subject, reply, hdr, msg in batch:
+                if reply is not None and reply.__class__ is not bytes:
+                    # A handler (a mirror's or source's delivery, a subject delete
+                    # marker) runs here on the leader, in order; what it writes comes
+                    # back through write_sourced into this batch.
+                    reply(subject, hdr, msg)
+                    continue
+                datas.append(encode_msg(subject, hdr, msg, ts))
+                replies.append(reply)
+        finally:
+            self._collect = None
         if not datas:
             return
         try:
@@ -264,6 +277,20 @@ class ReplicatedStream(_Replica):
         for i, reply in enumerate(replies):
             if reply:
                 self._replies[first + i] = reply
+
+    def propose_sourced(self, subject: bytes, hdr: bytes | None, msg: bytes, ts: int,
+                        mirror_seq: int) -> None:
+        """What the stream writes itself (Stream.write_sourced) on the leader: into the
+        batch being proposed, or an entry of its own."""
+        data = encode_sourced(subject, hdr, msg, ts or now_ns(), mirror_seq)
+        if self._collect is not None:
+            self._collect[0].append(data)
+            self._collect[1].append(None)
+            return
+        try:
+            self.raft.propose(data)
+        except NotLeader:
+            pass
 
     def propose_records(self, data: bytes, replies: list) -> None:
         """The leader's C capture: a batch of records (jsingest.StreamSink.take) as one
@@ -307,9 +334,14 @@ class ReplicatedStream(_Replica):
                 stream._budget = 1 << 62
                 self._apply_one(subject, hdr, msg, ts, self._replies.pop(index, None), replies)
             elif kind == E_SOURCED:
-                subject, hdr, msg, ts = decode_msg(data)
+                mirror_seq = _SEQ.unpack_from(data, 1)[0]
+                subject, hdr, msg, ts = decode_msg(data, 1 + _SEQ.size)
                 stream._budget = 1 << 62
-                stream.process_sourced(subject, hdr, msg, ts)
+                out = stream.process_sourced(subject, hdr, msg, ts, mirror_seq)
+                if isinstance(out, ApiError):
+                    self.server.log.warn("JetStream cluster: stream '%s > %s' could not "
+                                         "store a sourced message: %s", self.acc_name,
+                                         self.name, out)
                 if stream._sdm is not None:
                     stream._sdm.forget_gone()
             elif kind == E_OP:
@@ -455,6 +487,7 @@ class ReplicatedStream(_Replica):
             self.reconcile_members()
 
     def leader_ready(self, term: int) -> None:
+        self.stream.lead_sourcing(True)      # from what every earlier term wrote
         self.reconcile_members()
 
     def stop(self, delete: bool = False) -> None:

@@ -682,14 +682,14 @@ class Sourcing:
             self._subscribe_mirror_direct()
         if si.mirror:
             hdr = _remove_prefixed(_remove_prefixed(hdr, b"Nats-Expected-"), b"Nats-Batch-")
-            out = self.stream.process_sourced(si.transform(subject), hdr, msg, ts, sseq)
+            out = self.stream.write_sourced(si.transform(subject), hdr, msg, ts, sseq)
         else:
             if hdr:
                 hdr = H.remove(hdr, H.STREAM_SOURCE)
                 hdr = _remove_prefixed(_remove_prefixed(hdr, b"Nats-Expected-"),
                                        b"Nats-Batch-")
             hdr = H.add(hdr, H.STREAM_SOURCE, si.source_header(subject, sseq))
-            out = self.stream.process_sourced(si.transform(subject), hdr, msg)
+            out = self.stream.write_sourced(si.transform(subject), hdr, msg)
         if isinstance(out, ApiError):
             self._store_failed(si, old, sseq, out)
 

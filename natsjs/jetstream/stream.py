@@ -149,8 +149,21 @@ class Stream:
             self._subscribe()
         else:
             self._update_direct()      # the capture is the leader's (replicated.py)
-        self.sourcing = sourcing.for_stream(self)
+        # A replicated stream's mirror or sources run on its leader (lead_sourcing).
+        self.sourcing = sourcing.for_stream(self) if self.replica is None else None
         nursery.start_soon(self._run)
+
+    def lead_sourcing(self, on: bool) -> None:
+        """A replicated stream's leader takes its mirror or sources from where the
+        stream stands; a replica that stops leading lets them go."""
+        if on and self.sourcing is None and not self.closed:
+            self.sourcing = sourcing.for_stream(self)
+            nursery = getattr(self, "_nursery", None)
+            if self.sourcing is not None and nursery is not None:
+                nursery.start_soon(self.sourcing.run)
+        elif not on and self.sourcing is not None:
+            self.sourcing.stop()
+            self.sourcing = None
 
     async def _run(self) -> None:
         with self._scope:
@@ -478,6 +491,16 @@ class Stream:
         the PubAck it would have had, or the ApiError.  ``mirror_seq`` stores it at the
         origin's sequence (a mirror keeps them; what the origin no longer has is a gap)."""
         return self._process(subject, hdr, msg, ts, True, mirror_seq)
+
+    def write_sourced(self, subject: bytes, hdr: bytes | None, msg: bytes, ts: int = 0,
+                      mirror_seq: int = 0):
+        """What the stream writes itself (mirrors, sources, subject delete markers):
+        stored now, or on a replicated stream's leader proposed to its group and stored
+        by every replica when committed (then None: the outcome is the replicas')."""
+        if self.replica is None:
+            return self.process_sourced(subject, hdr, msg, ts, mirror_seq)
+        self.replica.propose_sourced(subject, hdr, msg, ts, mirror_seq)
+        return None
 
     def _set_plain(self) -> None:
         self._plain = self._plain_config()
@@ -1129,18 +1152,20 @@ class Stream:
         old = self.cfg
         self.cfg = cfg
         self._set_plain()
+        leading = self.replica is None or self.replica.is_leader()
         if old["subjects"] != cfg["subjects"]:
             acc = self.jsa.account
             for sub in self._subs:
                 self.js.unsubscribe(acc, sub)
             self._subs = []
-            if cfg["mirror"] is None:
+            if cfg["mirror"] is None and leading:
                 for subj in cfg["subjects"] or []:
                     self._subs.append(self.js.subscribe(acc, subj.encode(), self._sink))
         self._make_transforms()
         self._make_markers()
         self._update_direct()
-        self.sourcing = sourcing.update_for_stream(self, old)
+        if leading:
+            self.sourcing = sourcing.update_for_stream(self, old)
         self._enforce_all_limits()
         self._expire_wake.unpark()
         for c in self.consumers.values():
