@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import time
 
@@ -732,3 +733,34 @@ def test_replicated_mirror_and_sources_survive_leader_change(cluster3):
         await until(lambda: holds("SRC", 60), timeout=30)
         await nc.close()
     run(main())
+
+
+def test_every_server_compacts_the_meta_log_and_restarts_from_it(cluster3):
+    """Hundreds of assignments later every server has a meta snapshot (followers
+    compact their own logs too), and a server restarted from it knows every stream."""
+    import glob
+
+    async def main():
+        nc, js = await connect(cluster3)
+        for i in range(180):           # 300 assignments (the meta snapshots every 256)
+            await js.add_stream(name="T%d" % i, subjects=["t.%d" % i], num_replicas=1)
+            if i % 3:
+                await js.delete_stream("T%d" % i)
+        await nc.close()
+    run(main(), timeout=240)
+    for i in range(3):
+        snaps = glob.glob(os.path.join(cluster3.dir, "n%d" % (i + 1), "jetstream", "$SYS",
+                                       "_js_", "_meta_", "snapshot.json"))
+        assert snaps, "server %d has no meta snapshot" % i
+    cluster3.stop(2)
+    cluster3.restart(2)
+    cluster3.wait_meta_leader()
+
+    async def names():
+        nc, js = await connect(cluster3, 2)
+        try:
+            resp = await nc.request("$JS.API.STREAM.NAMES", b"{}", timeout=TIMEOUT)
+            return sorted(json.loads(resp.data)["streams"])
+        finally:
+            await nc.close()
+    assert run(names()) == sorted("T%d" % i for i in range(0, 180, 3))

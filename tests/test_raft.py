@@ -333,7 +333,8 @@ def test_peer_info_for_stream_info():
     propose(sim, 10, "more")
     sim.run_for(2 * sim.config.election_timeout_max + 0.1)
     p = {p["name"]: p for p in node(sim, lead).peer_info()}[f]
-    assert not p["current"] and p["offline"] and p["lag"] >= 10 and p["active"] > 1.0
+    assert not p["current"] and p["offline"] and p["lag"] >= 10
+    assert p["active"] >= 2 * sim.config.election_timeout_max
     assert node(sim, followers(sim)[0]).peer_info() == []     # followers report nothing
 
 

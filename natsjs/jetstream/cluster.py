@@ -164,6 +164,20 @@ class MetaState(StateMachine):
             self.applied_since_snapshot += 1
         if changed:
             self.cluster.reconcile()
+        if self.applied_since_snapshot >= META_SNAPSHOT_EVERY:
+            # Every member compacts its own log (the leader's snapshot is what a
+            # member far behind installs).
+            self.applied_since_snapshot = 0
+            self.cluster.js.spawn(self._compact)
+
+    async def _compact(self) -> None:
+        meta = self.cluster.meta
+        if meta is None:
+            return
+        try:
+            await meta.compact(meta.applied, self.snapshot_bytes())
+        except Exception as exc:
+            self.cluster.server.log.error("JetStream cluster: meta snapshot failed: %r", exc)
 
     def _apply_op(self, op: dict) -> bool:
         kind = op.get("op")
@@ -601,9 +615,6 @@ class JetStreamCluster:
         index = self.meta.propose(json.dumps(op, separators=(",", ":")).encode())
         with trio.fail_after(10):
             await self.meta.wait_applied(index)
-        if self.state.applied_since_snapshot >= META_SNAPSHOT_EVERY and self.meta.is_leader():
-            self.state.applied_since_snapshot = 0
-            await self.meta.compact(self.meta.applied, self.state.snapshot_bytes())
 
     # ---- making local state match the assignments ---------------------------------------
 

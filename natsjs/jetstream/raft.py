@@ -256,6 +256,11 @@ class RaftNode:
         self._ready = Ready()
         self.dropped = 0                     # undecodable messages (counted, never fatal)
         self._reset_election_timer()
+        if self.term == 0 and self.last_index == 0 and self.voters and \
+                self.voters[0] == self.id:
+            # A new group: its first peer stands at once instead of waiting out an
+            # election timeout (a group of one is led from the first tick).
+            self._election_deadline = self.now
 
     # ---- queries -----------------------------------------------------------------------
 
