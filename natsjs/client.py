@@ -201,6 +201,10 @@ class Client(Connection):
         opts = json_object(args, "processConnect")
         _check_connect_types(opts)
         self.connect_opts = opts
+        if not self.rtt:
+            # A first estimate, from accept to CONNECT (server/client.go processConnect);
+            # PONGs refine it.
+            self.rtt = max(trio.current_time() - self.start, 1e-9)
         core = self.core
         core.verbose = bool(opts.get("verbose", core.verbose))
         core.pedantic = bool(opts.get("pedantic", core.pedantic))

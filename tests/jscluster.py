@@ -199,7 +199,9 @@ cluster {
             if len(leaders) == 1 and None not in leaders:
                 return leaders.pop()
             if time.monotonic() > deadline:
-                raise TimeoutError("no common meta leader: %r" % leaders)
+                logs = "\n".join("--- %s\n%s" % (self.name(i), "\n".join(
+                    self.procs[i].text().splitlines()[-15:])) for i in nodes)
+                raise TimeoutError("no common meta leader: %r\n%s" % (leaders, logs))
             time.sleep(0.05)
 
     def kill(self, i: int) -> None:

@@ -5,6 +5,12 @@ from natsjs._core.parser import ProtoParser
 from natsjs._core.sublist import Sublist, Subscription
 
 
+UNDELIVERED: object
+
+
+def current_producer() -> Any: ...
+
+
 class Conn(ProtoParser):
     out: bytearray
     max_pending: int

@@ -19,7 +19,10 @@ the sublist has not changed (``last_subject``/``genid``).
 An internal subscriber (``Subscription.callback``: imports, $SYS handlers, JetStream)
 is called in place of a frame write; if it raises, its ``owner`` binding is told
 (it logs and answers with an error, natsjs/server.py) and the fan-out goes on, so a
-failing handler never costs the publisher its connection.
+failing handler never costs the publisher its connection.  A callback that returns
+``UNDELIVERED`` took no interest in the message: it does not count as a responder
+(the JetStream API passing on pull requests and direct gets, as nats-server's
+service import does).
 
 Back-pressure (server/client.go queueOutbound): a connection whose pending output
 passes 3/4 of ``max_pending`` is reported in the producer's ``stalled`` so the read
@@ -40,6 +43,20 @@ from natsjs._core.sublist cimport literal_ok
 import os
 
 DEF MAX_PENDING_SIZE = 67108864
+
+# What an internal subscriber's callback returns when the message was not for it.
+UNDELIVERED = object()
+
+# The connection whose message is being handed to an internal subscriber's callback
+# (its ``conn``, the Python object): who asked, for handlers that report it (the
+# JetStream API's audit advisory names the client, as nats-server's request info does).
+cdef object _producer = None
+
+
+def current_producer():
+    """The Python connection object (or None for server code) that published the message
+    an internal subscriber's callback is handling right now."""
+    return _producer
 
 
 cdef inline Py_ssize_t _ndigits(Py_ssize_t v) noexcept nogil:
@@ -157,7 +174,9 @@ cdef class Conn(ProtoParser):
 
     cdef int deliver(self, Subscription sub, const unsigned char* msg) except -1:
         """One local delivery of the message in ``self.pa``; 1 if it was delivered."""
+        global _producer
         cdef Conn target
+        cdef object outer
         cdef const unsigned char* subj = self.pa.subject
         cdef Py_ssize_t slen = self.pa.subject_len
         cdef bytes subject, reply
@@ -179,9 +198,13 @@ cdef class Conn(ProtoParser):
                 # in the reply the way routes carry it: ``reply@shown``.
                 reply = (reply or b"") + b"@" + PyBytes_FromStringAndSize(
                     <const char*>self.dsubj, self.dsubj_len)
+            outer = _producer
+            _producer = self.conn
             try:
-                sub.callback(sub, subject, reply, self.pa.hdr,
-                             PyBytes_FromStringAndSize(<const char*>msg, self.pa.size))
+                if sub.callback(sub, subject, reply, self.pa.hdr,
+                                PyBytes_FromStringAndSize(<const char*>msg, self.pa.size)) \
+                        is UNDELIVERED:
+                    return 0
             except Exception as exc:
                 # A failing handler is its owner's problem (it logs and answers with
                 # an error), never the publisher's: the fan-out goes on.
@@ -191,6 +214,8 @@ cdef class Conn(ProtoParser):
                     sub.owner.handler_failed(sub, subject, reply, exc)
                 except Exception:
                     pass
+            finally:
+                _producer = outer
             return 1
         if self.dsubj != NULL:
             subj, slen = self.dsubj, self.dsubj_len

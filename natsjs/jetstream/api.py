@@ -19,14 +19,15 @@ import os
 
 import trio
 
+from natsjs._core.fanout import UNDELIVERED, current_producer
 from natsjs.jetstream import consumercfg as CC
 from natsjs.jetstream import headers as H
 from natsjs.jetstream import snapshot, sourcing
 from natsjs.jetstream import streamcfg as SC
 from natsjs.jetstream.consumer import Consumer, ephemeral_name
 from natsjs.jetstream.errors import ApiError
-from natsjs.jetstream.jstime import now_ns, rfc3339_nano
-from natsjs.jetstream.schema import DecodeError, Struct, decode_request
+from natsjs.jetstream.jstime import ZERO_TIME, now_ns, rfc3339_nano
+from natsjs.jetstream.schema import DecodeError, Struct, decode_request, is_empty_request
 from natsjs.jetstream.store import (FileConsumerStore, MemConsumerStore, OBS, META,
                                     MSGS, open_message_log, write_json_atomic)
 from natsjs.jetstream.stream import Stream
@@ -38,6 +39,20 @@ LIST_LIMIT = 256            # JSApiListLimit
 MAX_SUBJECT_DETAILS = 100_000
 
 T = "io.nats.jetstream.api.v1."
+
+# Fields a failed reply still carries: Go encodes the paging and the list of the
+# response struct even when only its error is set (server/jetstream_api.go ApiPaged has
+# no omitempty; the list responses start with an empty list, STREAM.NAMES with none).
+_NO_PAGE = {"total": 0, "offset": 0, "limit": 0}
+ERROR_EXTRAS = {
+    "stream_info_response": _NO_PAGE,
+    "stream_names_response": {**_NO_PAGE, "streams": None},
+    "stream_list_response": {**_NO_PAGE, "streams": []},
+    "consumer_names_response": {**_NO_PAGE, "consumers": []},
+    "consumer_list_response": {**_NO_PAGE, "consumers": []},
+    "stream_purge_response": {"purged": 0},
+    "consumer_pause_response": {"paused": False, "pause_until": ZERO_TIME},
+}
 
 STREAM_INFO_REQUEST = Struct("JSApiStreamInfoRequest", {
     "offset": "int", "deleted_details": "bool", "subjects_filter": "string"})
@@ -77,15 +92,18 @@ class Api:
     def _make_handler(self, jsa):
         def on_request(sub, subject, reply, hdr, msg):
             if subject.startswith(b"$JS.API.CONSUMER.MSG.NEXT.") or \
-                    subject.startswith(b"$JS.API.DIRECT.GET."):
-                return
+                    subject.startswith(b"$JS.API.DIRECT.GET"):
+                # Answered by the consumer or the stream itself; when neither listens
+                # the requester hears "no responders" (server/client.go
+                # processServiceImport skips these for the JetStream import).
+                return UNDELIVERED
             if len(self._queue) >= self.js.opts.request_queue_limit:
                 self.server.log.warn("JetStream API queue limit reached, dropping %d requests",
                                      len(self._queue))
                 self._queue.clear()
             if not self._queue:
                 self._wake.unpark()
-            self._queue.append((jsa, subject, reply, hdr, msg))
+            self._queue.append((jsa, subject, reply, hdr, msg, current_producer()))
         return on_request
 
     # What the system account administers itself (the meta group, servers, accounts):
@@ -104,8 +122,8 @@ class Api:
             rtype = "account_info_response" if subject == b"$JS.API.INFO" \
                 else "system_response"
             err = ApiError.of("JSNotEnabledForAccountErr").to_dict()
-            self.server.deliver(account, reply, None, json.dumps(
-                {"type": T + rtype, "error": err}, separators=(",", ":")).encode())
+            self.server.deliver(account, reply, None, go_json({"type": T + rtype,
+                                                               "error": err}))
         return on_request
 
     async def worker(self) -> None:
@@ -113,7 +131,7 @@ class Api:
             if not self._queue:
                 await self._wake.park()
                 continue
-            jsa, subject, reply, hdr, msg = self._queue.popleft()
+            jsa, subject, reply, hdr, msg, client = self._queue.popleft()
             body = msg[hdr:] if hdr is not None and hdr > 0 else msg
             h = msg[:hdr] if hdr is not None and hdr > 0 else None
             try:
@@ -136,12 +154,30 @@ class Api:
             if "error" in resp:
                 jsa.api_errors += 1
                 self.js.api_errors += 1
+            headers = resp.pop(RESPONSE_HEADERS, None)
+            data = go_json(resp)
             if reply:
-                self._send(jsa, reply, resp, headers=resp.pop(RESPONSE_HEADERS, None))
+                self._send(jsa, reply, data, headers=headers)
+            self._audit(jsa, subj, body, data, client)
             await trio.lowlevel.checkpoint()
 
-    def _send(self, jsa, reply: bytes, resp: dict, headers: bytes | None = None) -> None:
-        data = json.dumps(resp, separators=(",", ":")).encode()
+    def _audit(self, jsa, subject: str, body: bytes, response: bytes, client) -> None:
+        """server/jetstream_api.go sendJetStreamAPIAuditAdvisory: every answered request,
+        with who asked, the request and the response as text."""
+        adv = "$JS.EVENT.ADVISORY.API"
+        acc = jsa.account
+        if not acc.sublist.match(adv.encode()).psubs and \
+                not acc.sublist.match(adv.encode()).qsubs:
+            return
+        ev = {"server": self.server.name, "client": requester_info(client, jsa),
+              "subject": subject}
+        if body:
+            ev["request"] = body.decode("utf-8", "replace")
+        ev["response"] = response.decode("utf-8", "replace")
+        self.js.advisory(adv, "io.nats.jetstream.advisory.v1.api_audit", ev, acc)
+
+    def _send(self, jsa, reply: bytes, resp, headers: bytes | None = None) -> None:
+        data = resp if isinstance(resp, bytes) else go_json(resp)
         if headers:
             self.server.deliver(jsa.account, reply, None, headers + data, len(headers))
         else:
@@ -150,9 +186,13 @@ class Api:
     # ---- dispatch --------------------------------------------------------------------------
 
     async def dispatch(self, jsa, subject: str, hdr, body: bytes) -> dict | None:
+        # A subject no handler of nats-server's takes (server/jetstream_api.go: the API
+        # subjects are patterns with a fixed number of tokens) gets no answer at all:
+        # the account's request reaches the system account through the JetStream
+        # import, where an unmatched subject is dropped; it does not count either.
         toks = subject.split(".")
         if len(toks) < 3:
-            return self._bad_request()
+            return None
         op = toks[2:]
         n = len(op)
         if op == ["INFO"]:
@@ -195,10 +235,7 @@ class Api:
                     return await self.consumer_create(jsa, op[2], None, None, body, hdr, "ephemeral")
                 filt = ".".join(op[4:]) if n > 4 else None
                 return await self.consumer_create(jsa, op[2], op[3], filt, body, hdr, "new")
-            if kind == "DURABLE" and n >= 3 and op[2] == "CREATE":
-                if n != 5:
-                    return self._err("consumer_create_response",
-                                     ApiError.of("JSConsumerDurableNameNotInSubjectErr"))
+            if kind == "DURABLE" and n == 5 and op[2] == "CREATE":
                 return await self.consumer_create(jsa, op[3], op[4], None, body, hdr, "durable")
             if kind == "NAMES" and n == 3:
                 return self.consumer_names(jsa, op[2], body)
@@ -212,13 +249,10 @@ class Api:
                 return await self.consumer_pause(jsa, op[2], op[3], body)
             if kind == "LEADER" and n == 5 and op[2] == "STEPDOWN":
                 return self._cluster_required("consumer_leader_stepdown_response")
-        return self._bad_request()
-
-    def _bad_request(self) -> dict:
-        return {"type": T + "system_response", "error": ApiError.of("JSBadRequestErr").to_dict()}
+        return None
 
     def _err(self, rtype: str, err: ApiError) -> dict:
-        return {"type": T + rtype, "error": err.to_dict()}
+        return {"type": T + rtype, "error": err.to_dict(), **ERROR_EXTRAS.get(rtype, {})}
 
     def _cluster_required(self, rtype: str) -> dict:
         return self._err(rtype, ApiError.of("JSClusterRequiredErr"))
@@ -359,6 +393,9 @@ class Api:
         offset = max(req.get("offset", 0), 0)
         filt = req.get("subjects_filter", "")
         info = stream.info(deleted_details=req.get("deleted_details", False))
+        # server/jetstream_cluster.go clusterInfo: a stream with no Raft group is led by
+        # this server (STREAM.INFO is the one reply that says so).
+        info.setdefault("cluster", self.js.cluster_info())
         out = {"type": T + rtype, "total": 0, "offset": 0, "limit": 0}
         if filt:
             st = stream.store.subjects(filt.encode())
@@ -433,7 +470,7 @@ class Api:
 
     def stream_list(self, jsa, body: bytes) -> dict:
         return self._stream_page(jsa, body, "stream_list_response", LIST_LIMIT,
-                                 lambda s: s.info())
+                                 lambda s: s.info(dynamic=False))
 
     def _stream_page(self, jsa, body: bytes, rtype: str, limit: int, render) -> dict:
         try:
@@ -441,7 +478,7 @@ class Api:
         except ApiError as err:
             return self._err(rtype, err)
         names = self._names_filter(jsa, req.get("subject", ""))
-        offset = max(req.get("offset", 0), 0)
+        offset = min(max(req.get("offset", 0), 0), len(names))
         return {"type": T + rtype, "total": len(names), "offset": offset, "limit": limit,
                 "streams": [render(jsa.streams[n]) for n in names[offset:offset + limit]]}
 
@@ -479,6 +516,8 @@ class Api:
     def msg_delete(self, jsa, name: str, body: bytes) -> dict:
         rtype = "stream_msg_delete_response"
         try:
+            if is_empty_request(body):
+                raise ApiError.of("JSBadRequestErr")
             req = self._decode(body, MSG_DELETE_REQUEST)
             stream = self._stream(jsa, name)
             if stream.cfg["sealed"]:
@@ -486,6 +525,9 @@ class Api:
             if stream.cfg["deny_delete"]:
                 raise ApiError.of("JSStreamMsgDeleteFailedF", err="message delete not permitted")
             seq = req.get("seq", 0)
+            refusal = stream.delete_refusal(seq)
+            if refusal is not None:
+                raise refusal
             if not stream.delete_msg(seq, erase=not req.get("no_erase", False)):
                 raise ApiError.of("JSSequenceNotFoundErrF", seq=seq)
         except ApiError as err:
@@ -576,6 +618,10 @@ class Api:
                     raise ApiError.of("JSConsumerWQConsumerNotUniqueErr")
                 CC.check_update(existing.cfg, cfg, lambda subj: bool(
                     jsa.account.sublist.match(subj.encode()).psubs))
+                if not existing.cfg["durable_name"] and cfg["inactive_threshold"] <= 0:
+                    # server/consumer.go updateInactiveThreshold: an ephemeral always
+                    # has one.
+                    cfg["inactive_threshold"] = CC.DEFAULT_DELETE_WAIT
                 if existing.cfg != cfg:
                     await self._save_consumer_meta(stream, existing.name, cfg, existing.created)
                 existing.update_config(cfg)
@@ -607,19 +653,16 @@ class Api:
         if cfg["durable_name"] and len(cfg["durable_name"]) > SC.MAX_NAME_LEN:
             raise ApiError.of("JSConsumerNameTooLongErrF", max=SC.MAX_NAME_LEN)
         if not name:
+            # A made-up name is the consumer's, not its config's (server/consumer.go:
+            # an ephemeral's config keeps no name on a single server).
             while True:
                 name = ephemeral_name()
                 if name not in stream.consumers:
                     break
-            cfg["name"] = name
         if not SC.valid_asset_name(name):
             raise ApiError.of("JSConsumerBadDurableNameErr")
         if not cfg["durable_name"] and cfg["inactive_threshold"] == 0:
             cfg["inactive_threshold"] = CC.DEFAULT_DELETE_WAIT
-        for f in CC.filters_of(cfg):
-            if not scfg["mirror"] and not scfg["sources"] and not any(
-                    SC.subjects_collide(f, s) for s in scfg["subjects"] or []):
-                raise ApiError.of("JSConsumerFilterNotSubsetErr")
         created = now_ns()
         if stream.path and not cfg["mem_storage"] and not cfg["direct"]:
             # A direct consumer keeps no state anywhere (server/consumer.go).
@@ -709,7 +752,7 @@ class Api:
             await self._save_consumer_meta(stream, c.name, cfg, c.created)
         c.update_config(cfg)
         out = {"type": T + rtype, "paused": bool(c.paused_until and now_ns() < c.paused_until),
-               "pause_until": cfg["pause_until"] or "0001-01-01T00:00:00Z"}
+               "pause_until": cfg["pause_until"] or ZERO_TIME}
         if out["paused"]:
             out["pause_remaining"] = c.paused_until - now_ns()
         return out
@@ -720,7 +763,7 @@ class Api:
 
     def consumer_list(self, jsa, stream_name: str, body: bytes) -> dict:
         return self._consumer_page(jsa, stream_name, body, "consumer_list_response",
-                                   LIST_LIMIT, lambda c: c.info())
+                                   LIST_LIMIT, lambda c: c.info(dynamic=False))
 
     def _consumer_page(self, jsa, stream_name: str, body: bytes, rtype: str, limit: int,
                        render) -> dict:
@@ -730,7 +773,7 @@ class Api:
         except ApiError as err:
             return self._err(rtype, err)
         names = sorted(n for n, c in stream.consumers.items() if not c.direct)
-        offset = max(req.get("offset", 0), 0)
+        offset = min(max(req.get("offset", 0), 0), len(names))
         return {"type": T + rtype, "total": len(names), "offset": offset, "limit": limit,
                 "consumers": [render(stream.consumers[n]) for n in names[offset:offset + limit]]}
 
@@ -743,6 +786,55 @@ def required_level(hdr: bytes | None) -> int:
         return 0
     raw = raw.strip()
     return int(raw) if raw.isdigit() else 1 << 30
+
+
+def go_json(obj) -> bytes:
+    """JSON as Go's encoder writes it: compact, UTF-8, with <, >, & and the line and
+    paragraph separators escaped inside strings (they cannot occur outside)."""
+    try:
+        text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+        data = text.encode()
+    except UnicodeEncodeError:      # a lone surrogate: leave it escaped
+        text = json.dumps(obj, separators=(",", ":"))
+        data = text.encode()
+    if b"<" in data or b">" in data or b"&" in data or "\u2028" in text or "\u2029" in text:
+        text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026") \
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+        data = text.encode()
+    return data
+
+
+def requester_info(client, jsa) -> dict | None:
+    """server/events.go ClientInfo of the connection that made a request, as advisories
+    carry it (forAdvisory: no JWT, no alternates); for a request that came from
+    elsewhere (a route, server code), what is known here."""
+    from natsjs.jetstream.snapshot import client_info
+    if client is None or getattr(client, "kind", "") != "Client":
+        return client_info(jsa)
+    server = jsa.js.server
+    # The connection's start is kept on trio's clock: shift it to the wall clock.
+    started = now_ns() - int((trio.current_time() - client.start) * 1e9)
+    out = {"start": rfc3339_nano(started), "host": client.host}
+    out["id"] = client.cid
+    out["acc"] = client.account.name
+    user = client.user
+    uname = (getattr(user, "username", "") or getattr(user, "nkey", "")) if user else ""
+    if uname:
+        out["user"] = uname
+    if client.name:
+        out["name"] = client.name
+    if client.lang:
+        out["lang"] = client.lang
+    if client.version:
+        out["ver"] = client.version
+    if client.rtt:
+        out["rtt"] = int(client.rtt * 1e9)
+    out["server"] = server.name
+    if server.cluster is not None:
+        out["cluster"] = server.cluster.name
+    out["kind"] = "Client"
+    out["client_type"] = getattr(client, "client_type", "nats") or "nats"
+    return out
 
 
 def sourcing_consumer_name(stream_cfg: dict, cfg: dict) -> str | None:

@@ -24,6 +24,7 @@ from natsjs.jetstream import streamcfg as SC
 from natsjs.jetstream.consumer import ephemeral_name
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns
+from natsjs.jetstream.schema import is_empty_request
 
 T = "io.nats.jetstream.api.v1."
 NAMES_LIMIT = 1024
@@ -107,10 +108,7 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
         if kind == "CREATE" and n >= 4:
             filt = ".".join(op[4:]) if n > 4 else None
             return await _consumer_create(api, jsa, op[2], op[3], filt, body, reply, "new")
-        if kind == "DURABLE" and n >= 3 and op[2] == "CREATE":
-            if n != 5:
-                return _err("consumer_create_response",
-                            ApiError.of("JSConsumerDurableNameNotInSubjectErr"))
+        if kind == "DURABLE" and n == 5 and op[2] == "CREATE":
             return await _consumer_create(api, jsa, op[3], op[4], None, body, reply, "durable")
         if kind == "DELETE" and n == 4:
             return await _consumer_delete(api, jsa, op[2], op[3])
@@ -180,6 +178,8 @@ async def _stream_request(api, jsa, rep, op: list, body: bytes):
     if kind == "MSG" and op[2] == "DELETE":
         rtype = "stream_msg_delete_response"
         try:
+            if is_empty_request(body):
+                raise ApiError.of("JSBadRequestErr")
             req = api._decode(body, _delete_schema())
             cfg = rep.stream.cfg
             if cfg["sealed"]:
@@ -187,6 +187,9 @@ async def _stream_request(api, jsa, rep, op: list, body: bytes):
             if cfg["deny_delete"]:
                 raise ApiError.of("JSStreamMsgDeleteFailedF", err="message delete not permitted")
             seq = req.get("seq", 0)
+            refusal = rep.stream.delete_refusal(seq)
+            if refusal is not None:
+                raise refusal
             ok = await rep.propose_op({"op": "delete", "seq": seq,
                                        "erase": not req.get("no_erase", False)})
             if not ok:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import json
 import random
+import re
 import string
 
 import trio
@@ -31,17 +32,21 @@ from natsjs._core.jsdeliver import deliver_run
 from natsjs.jetstream import headers as H
 from natsjs.jetstream.consumercfg import config_json, filters_of, is_durable, with_dynamic_metadata
 from natsjs.jetstream.errors import ApiError
-from natsjs.jetstream.jstime import now_ns, parse_go_duration, parse_rfc3339, rfc3339_nano
+from natsjs.jetstream.jstime import (ZERO_TIME, now_ns, parse_go_duration, parse_rfc3339,
+                                     rfc3339_nano)
 from natsjs.jetstream.pacing import Pacer
+from natsjs.jetstream.schema import DecodeError, Struct, unmarshal
 from natsjs.jetstream.store import OP_ACK, OP_FLOOR, ConsumerState
 from natsjs.jetstream.subjects import filter_matches
 
 # Deliveries made per turn of the loop before other tasks get the event loop.
 DELIVER_BURST = 256
-# A flow-controlled push consumer stops at this many unconfirmed bytes (nats-server:
-# the client's max pending / 16, growing as the client keeps up).
-FC_START_BYTES = 1024 * 1024
-FC_MAX_BYTES = 64 * 1024 * 1024
+# A flow-controlled push consumer stops at this many unconfirmed bytes: a window that
+# starts at 1/16 of JsFlowControlMaxPending and doubles with each answered flow control
+# request up to all of it (server/consumer.go setMaxPendingBytes, processFlowControl).
+# A request goes out once more than half the window is unconfirmed.
+FC_MAX_BYTES = 32 * 1024 * 1024
+FC_START_BYTES = FC_MAX_BYTES // 16
 # How often state with nothing logged (ack none, deliveries) is written as a snapshot.
 SNAPSHOT_INTERVAL = 1.0
 
@@ -117,6 +122,7 @@ class Consumer:
         self._last_hb = trio.current_time()
         self._last_activity = trio.current_time()
         self._ldt = 0                       # last delivery time (ns) for info
+        self._lat = 0                       # last time acks moved (ns) for info
         self._pbytes = 0
         self._fcid = None
         self._fcsz = 0
@@ -279,10 +285,10 @@ class Consumer:
         acc = self.stream.jsa.account
         base = ("%s.%s" % (self.stream.name, self.name)).encode()
         self._subs.append(self.js.subscribe(acc, b"$JS.ACK." + base + b".>", self._on_ack))
-        if not self.push:
-            self._subs.append(self.js.subscribe(
-                acc, b"$JS.API.CONSUMER.MSG.NEXT." + base, self._on_next))
-        else:
+        # A push consumer listens too, to say it is push based (server/consumer.go).
+        self._subs.append(self.js.subscribe(
+            acc, b"$JS.API.CONSUMER.MSG.NEXT." + base, self._on_next))
+        if self.push:
             self._subs.append(self.js.subscribe(acc, b"$JS.FC." + base + b".*", self._on_fc))
             self.check_interest()
 
@@ -359,6 +365,7 @@ class Consumer:
                 if seq <= st.asflr or (wider and store.load(seq) is None):
                     dseq = st.pending.pop(seq)[0]
                     st.rdc.pop(seq, None)
+                    self._lat = now_ns()
                     if dseq > st.adflr:
                         st.adflr = dseq
                         if st.adflr > st.dseq:
@@ -376,7 +383,7 @@ class Consumer:
         with an advisory (server/consumer.go decStreamPending)."""
         st = self.st
         if seq in st.pending:
-            self._term(seq, TERM_DELETED, st.rdc.get(seq, 0) + 1)
+            self._term(seq, st.pending[seq][0], TERM_DELETED, st.rdc.get(seq, 0) + 1)
         elif st.rdc.pop(seq, None) is not None:
             self._state_changed = True
 
@@ -622,7 +629,7 @@ class Consumer:
             rec = store.load(seq)
             if rec is None:
                 # Gone from the stream (limits, purge): stop tracking it.
-                self._term(seq, TERM_DELETED, dc - 1)
+                self._term(seq, st.pending[seq][0], TERM_DELETED, dc - 1)
                 continue
             st.rdc[seq] = dc - 1
             return (seq,) + rec + (dc,)
@@ -696,11 +703,16 @@ class Consumer:
         else:
             pub(dsubj, reply, msg, -1, subj)
         self._ldt = now = self._now
-        size = len(subj) + len(reply) + len(hdr or b"") + len(msg)
         if self.push and self.cfg["flow_control"]:
+            # server/consumer.go jsPubMsg.size: what goes out, by the deliver subject.
+            size = len(dsubj) + len(reply) + len(hdr or b"") + len(msg)
             self._pbytes += size
-            if self._fcid is None and self._pbytes > self._maxpb // 2:
-                self._send_flow_control(pub)
+            if self._fcid is None:
+                if self._pbytes > self._maxpb // 2:
+                    self._send_flow_control(pub)
+            elif self._pbytes - self._fcsz >= self._maxpb:
+                # needFlowControl: the outstanding request also covers this one.
+                self._fcsz += size
         if self.ack_none:
             st.adflr, st.asflr = dseq, seq
             self._state_changed = True
@@ -729,6 +741,8 @@ class Consumer:
     def _on_next(self, sub, subject, reply, hdr, msg) -> None:
         if not reply:
             return
+        if self.push:
+            return self._status(reply, 409, "Consumer is push based")
         body = msg[hdr:] if hdr and hdr > 0 else msg
         try:
             req = _parse_next_request(body)
@@ -888,6 +902,10 @@ class Consumer:
         return min(due) if due else None
 
     def _at_end(self) -> bool:
+        """Nothing to deliver now: the end of the stream, or paused (server/consumer.go
+        loopAndGatherMsgs answers no_wait requests whenever it has to wait)."""
+        if self.paused_until and now_ns() < self.paused_until:
+            return True
         return not self.rdq and self.num_pending() == 0
 
     def _inactive_deadline(self, now: float) -> float | None:
@@ -978,7 +996,8 @@ class Consumer:
         self._last_activity = trio.current_time()
         reply_ok = True
         if not body or body == ACK_ACK or body == ACK_OK:
-            reply_ok = self._ack(sseq, dseq)
+            self._ack(sseq, dseq)
+            reply_ok = self._ack_answered(sseq)
         elif body.startswith(ACK_NEXT):
             self._ack(sseq, dseq)
             if reply:
@@ -992,13 +1011,22 @@ class Consumer:
                 p[1] = now_ns()
         elif body.startswith(ACK_TERM):
             reason = body[len(ACK_TERM):].strip().decode("utf-8", "replace")
-            reply_ok = self._term(sseq, reason or None, dc)
+            reply_ok = self._term(sseq, dseq, reason or None, dc)
         if reply and reply_ok:
             if self.cstore.durable and self.cstore.dirty():
                 self._ack_waiters.append(reply)
                 self._state_wake.unpark()
             else:
                 self.server.deliver(self.stream.jsa.account, reply, None, b"")
+
+    def _ack_answered(self, sseq: int) -> bool:
+        """Whether an ack (or term) of ``sseq`` with a reply subject is answered:
+        server/consumer.go processAckMsg answers every ack below the next sequence to
+        deliver, changed anything or not, except on an ack-none consumer of a limits
+        stream."""
+        if sseq >= self.st.sseq:
+            return False
+        return not (self.ack_none and self.stream.cfg["retention"] == "limits")
 
     def _ack(self, sseq: int, dseq: int) -> bool:
         """server/consumer.go processAckMsg; False when the ack changed nothing."""
@@ -1007,9 +1035,11 @@ class Consumer:
             return False
         if self.ack_none:
             return False
+        # server/consumer.go updateAcks stamps the ack floor's last_active.
         if self.ack_all:
             if dseq <= st.adflr or sseq <= st.asflr:
                 return True
+            self._lat = now_ns()
             st.adflr, st.asflr = dseq, sseq
             acked = [s for s in st.pending if s <= sseq]
             for s in acked:
@@ -1023,6 +1053,7 @@ class Consumer:
                 for s in acked:
                     self.stream.check_interest_retention(s)
         else:
+            self._lat = now_ns()
             p = st.pending.pop(sseq, None)
             st.rdc.pop(sseq, None)
             if sseq in self._rdq_set:
@@ -1083,20 +1114,18 @@ class Consumer:
             self._rdq_set.add(sseq)
         self._wake.unpark()
 
-    def _term(self, sseq: int, reason: str | None, dc: int = 1) -> bool:
-        st = self.st
-        p = st.pending.get(sseq)
-        ok = self._ack(sseq, p[0] if p else 0) if p is not None or self.ack_all else False
-        if p is not None or ok:
-            body = {"stream": self.stream.name, "consumer": self.name,
-                    "consumer_seq": p[0] if p else 0, "stream_seq": sseq, "deliveries": dc}
-            if reason:
-                body["reason"] = reason
-            self.js.advisory(
-                "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.%s.%s" % (self.stream.name,
-                                                                       self.name),
-                "io.nats.jetstream.advisory.v1.terminated", body, self.stream.jsa.account)
-        return ok
+    def _term(self, sseq: int, dseq: int, reason: str | None, dc: int = 1) -> bool:
+        """server/consumer.go processTerm: an ack that stops redelivery, and always an
+        advisory; whether a +TERM with a reply subject is answered."""
+        self._ack(sseq, dseq)
+        body = {"stream": self.stream.name, "consumer": self.name, "consumer_seq": dseq,
+                "stream_seq": sseq, "deliveries": dc}
+        if reason:
+            body["reason"] = reason
+        self.js.advisory(
+            "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.%s.%s" % (self.stream.name, self.name),
+            "io.nats.jetstream.advisory.v1.terminated", body, self.stream.jsa.account)
+        return self._ack_answered(sseq)
 
     # ---- flow control (push) --------------------------------------------------------------
 
@@ -1178,27 +1207,39 @@ class Consumer:
 
     # ---- info ---------------------------------------------------------------------------
 
-    def info(self) -> dict:
+    def info(self, dynamic: bool = True) -> dict:
+        """ConsumerInfo; ``dynamic`` adds the server's version and API level to the
+        metadata (every reply but CONSUMER.LIST's, server/jetstream_api.go)."""
         st = self.st
-        cfg = with_dynamic_metadata(self.cfg, self.js.version)
+        cfg = with_dynamic_metadata(self.cfg, self.js.version) if dynamic else self.cfg
         delivered = {"consumer_seq": max(st.dseq - 1, 0), "stream_seq": max(st.sseq - 1, 0)}
         if self._ldt:
             delivered["last_active"] = rfc3339_nano(self._ldt)
+        ack_floor = {"consumer_seq": st.adflr, "stream_seq": st.asflr}
+        if self._lat:
+            ack_floor["last_active"] = rfc3339_nano(self._lat)
         out = {
             "stream_name": self.stream.name,
             "name": self.name,
             "created": rfc3339_nano(self.created),
             "config": config_json(cfg),
             "delivered": delivered,
-            "ack_floor": {"consumer_seq": st.adflr, "stream_seq": st.asflr},
+            "ack_floor": ack_floor,
             "num_ack_pending": len(st.pending),
             "num_redelivered": len(st.rdc) if self.cfg["max_deliver"] != 1 else 0,
             "num_waiting": len(self.waiting),
             "num_pending": self.num_pending(),
-            "cluster": self.replica.cluster_info() if self.replica is not None
-            else (self.stream.replica.cluster_info() if self.stream.replica is not None
-                  else self.js.cluster_info()),
         }
+        # server/consumer.go: only a consumer with a Raft group reports a cluster.
+        if self.replica is not None:
+            out["cluster"] = self.replica.cluster_info()
+        elif self.stream.replica is not None:
+            out["cluster"] = self.stream.replica.cluster_info()
+        groups = self.cfg.get("priority_groups")
+        if groups:
+            # server/consumer.go PriorityGroupState of the first group (no pinning here:
+            # the pinned time stays zero).
+            out["priority_groups"] = [{"group": groups[0], "pinned_ts": ZERO_TIME}]
         if self.push and self.active:
             out["push_bound"] = True
         if self.paused_until and now_ns() < self.paused_until:
@@ -1248,29 +1289,39 @@ def _pause_ns(cfg: dict) -> int:
         return 0
 
 
+# server/jetstream_api.go JSApiConsumerGetNextRequest with its embedded PriorityGroup,
+# decoded through a pointer, so Go names the struct "" in its errors.
+NEXT_REQUEST = Struct("", {
+    "expires": "duration", "batch": "int", "max_bytes": "int", "no_wait": "bool",
+    "idle_heartbeat": "duration", "group": "string", "min_pending": "int64",
+    "min_ack_pending": "int64", "id": "string", "priority": "int"})
+
+
 def _parse_next_request(body: bytes):
-    """server/consumer.go nextReqFromMsg: (batch, expires ns, max_bytes, no_wait, hb ns)."""
+    """server/consumer.go nextReqFromMsg: (batch, expires ns, max_bytes, no_wait, hb ns);
+    ValueError with Go's words for a body json.Unmarshal refuses."""
     req = body.strip()
     if not req:
         return 1, 0, 0, False, 0
     if req[:1] == b"{":
         try:
-            d = json.loads(req)
-            if not isinstance(d, dict):
-                raise ValueError("json: cannot unmarshal into Go value")
-        except ValueError as exc:
+            d = unmarshal(req, NEXT_REQUEST)
+        except DecodeError as exc:
             raise ValueError(str(exc)) from None
-        batch = int(d.get("batch") or 0)
-        expires = int(d.get("expires") or 0)
-        max_bytes = int(d.get("max_bytes") or 0)
-        no_wait = bool(d.get("no_wait"))
-        hb = int(d.get("idle_heartbeat") or 0)
+        batch = d.get("batch", 0)
+        expires = d.get("expires", 0)
+        max_bytes = d.get("max_bytes", 0)
+        no_wait = d.get("no_wait", False)
+        hb = d.get("idle_heartbeat", 0)
         if hb > 0 and hb * 2 > expires:
             raise ValueError("heartbeat value too large")
         return batch, expires, max_bytes, no_wait, hb
-    if req.isdigit():
+    if _ATOI.match(req) and -(1 << 63) <= int(req) < (1 << 63):   # Go's strconv.Atoi
         return int(req), 0, 0, False, 0
     return 1, 0, 0, False, 0
+
+
+_ATOI = re.compile(rb"^[+-]?[0-9]+$")
 
 
 __all__ = ["Consumer", "ephemeral_name", "ApiError"]

@@ -32,7 +32,8 @@ DELIVER = Enum("DeliverPolicy", ("all", "last", "new", "by_start_sequence", "by_
                                  "last_per_subject"))
 ACK = Enum("AckPolicy", ("none", "all", "explicit", "flow_control"))
 REPLAY = Enum("ReplayPolicy", ("instant", "original"))
-PRIORITY = Enum("PriorityPolicy", ("none", "overflow", "pinned_client", "prioritized"))
+PRIORITY = Enum("PriorityPolicy", ("none", "overflow", "pinned_client", "prioritized"),
+                unknown="unknown priority policy: {raw}")
 
 CONSUMER_CONFIG_FIELDS = {
     "durable_name": "string",
@@ -75,7 +76,8 @@ CONSUMER_CONFIG = Struct("ConsumerConfig", CONSUMER_CONFIG_FIELDS)
 CREATE_CONSUMER_REQUEST = Struct("CreateConsumerRequest", {
     "stream_name": "string",
     "config": CONSUMER_CONFIG,
-    "action": Enum("ConsumerAction", ("", "create", "update")),
+    "action": Enum("ConsumerAction", ("", "create", "update"),
+                   unknown="unknown consumer action: {raw}"),
     "pedantic": "bool",
 })
 

@@ -417,7 +417,7 @@ class JetStream:
 
         def guarded(sub, subj, reply, hdr, msg):
             try:
-                callback(sub, subj, reply, hdr, msg)
+                return callback(sub, subj, reply, hdr, msg)
             except Exception as exc:
                 log.error("JetStream internal handler for %r failed on %r: %r",
                           subject.decode("utf-8", "replace"), subj, exc)

@@ -17,7 +17,10 @@ kept as is).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
+
+from natsjs.jetstream import gojson
 
 _INT_RANGES = {
     "int": (-(1 << 63), (1 << 63) - 1),
@@ -38,6 +41,22 @@ class Enum:
     go_name: str
     values: tuple[str, ...]
     lower: bool = False            # DiscardPolicy compares case-insensitively
+    # The error of its UnmarshalJSON for another value: {raw} is the JSON text as
+    # given, {quoted} that text in Go's %q.  ``string_first``: the text is decoded as a
+    # Go string before it is compared (StoreCompression), so a non-string is a type
+    # error.
+    unknown: str = "can not unmarshal {quoted}"
+    string_first: bool = False
+
+
+class GoFloat(float):
+    """A JSON number with a fraction or an exponent, with its text (Go quotes the text
+    when such a number does not fit an integer field)."""
+
+    def __new__(cls, text: str):
+        obj = super().__new__(cls, text)
+        obj.text = text
+        return obj
 
 
 @dataclass(frozen=True)
@@ -87,10 +106,16 @@ def _go_name(t) -> str:
     return "interface {}"
 
 
+def _number_text(value) -> str:
+    return value.text if isinstance(value, GoFloat) else json.dumps(value)
+
+
 def _type_error(value, t, where: str) -> DecodeError:
     kind = _json_kind(value)
-    if kind == "number":
-        kind = "number " + json.dumps(value)
+    if kind == "number" and (t in _INT_RANGES or t == "float64"):
+        # Only a number that does not fit a numeric field is quoted (encoding/json
+        # literalStore); any other field says just "number".
+        kind = "number " + _number_text(value)
     if where:
         return DecodeError("json: cannot unmarshal %s into Go struct field %s of type %s"
                            % (kind, where, _go_name(t)))
@@ -112,22 +137,24 @@ def _decode(value, t, where: str):
                 raise _type_error(value, t, where)
             return value
         if t == "float64":
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    math.isinf(float(value)):
                 raise _type_error(value, t, where)
             return float(value)
         lo, hi = _INT_RANGES[t]
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        # A fraction or an exponent does not go into an integer, even 1.0 or 1e3.
+        if isinstance(value, (bool, float)) or not isinstance(value, int):
             raise _type_error(value, t, where)
-        if isinstance(value, float):
-            if not value.is_integer():
-                raise _type_error(value, t, where)
-            value = int(value)
         if not lo <= value <= hi:
             raise _type_error(value, t, where)
         return value
     if isinstance(t, Enum):
+        if t.string_first and not isinstance(value, str):
+            raise _type_error(value, "string", "")
         if not isinstance(value, str) or (value.lower() if t.lower else value) not in t.values:
-            raise DecodeError("can not unmarshal %s" % _go_quote(json.dumps(value)))
+            raw = _number_text(value) if isinstance(value, float) else \
+                json.dumps(value, separators=(",", ":"))
+            raise DecodeError(t.unknown.format(raw=raw, quoted=_go_quote(raw)))
         return value.lower() if t.lower else value
     if isinstance(t, ListOf):
         if not isinstance(value, list):
@@ -144,8 +171,9 @@ def _decode(value, t, where: str):
     raise TypeError("bad schema type %r" % (t,))
 
 
-def decode_struct(obj: dict, t: Struct, where: str = "") -> dict:
-    """Check ``obj`` against ``t``: unknown fields refused, types checked."""
+def decode_struct(obj: dict, t: Struct, where: str = "", strict: bool = True) -> dict:
+    """Check ``obj`` against ``t``: types checked, unknown fields refused (``strict``)
+    or skipped."""
     where = where or t.go_name
     out = {}
     folded = None
@@ -157,6 +185,8 @@ def decode_struct(obj: dict, t: Struct, where: str = "") -> dict:
                 folded = {k.lower(): k for k in t.fields}
             name = folded.get(key.lower())
             if name is None:
+                if not strict:
+                    continue
                 raise DecodeError('json: unknown field "%s"' % key)
             ft = t.fields[name]
         v = _decode(value, ft, where + "." + name)
@@ -166,48 +196,66 @@ def decode_struct(obj: dict, t: Struct, where: str = "") -> dict:
 
 
 def decode_request(body: bytes, t: Struct) -> dict:
-    """Parse a request body into ``t``'s fields; an empty body is an empty request."""
+    """Parse a request body into ``t``'s fields the way nats-server's unmarshalRequest
+    does: a json.Decoder reads value after value into the same struct (a later value's
+    fields win; ``null`` leaves it as it is), so the first error in reading order is
+    the one reported.  An empty body is an empty request."""
     if not body or not body.strip():
         return {}
     try:
-        obj = json.loads(body)
-    except UnicodeDecodeError:
-        raise DecodeError("invalid character looking for beginning of value") from None
-    except json.JSONDecodeError as exc:
-        raise DecodeError(_go_syntax_error(exc, body)) from None
-    if not isinstance(obj, dict):
-        raise _type_error(obj, t, "")
-    return decode_struct(obj, t)
-
-
-def _go_syntax_error(exc: json.JSONDecodeError, body: bytes) -> str:
-    """Go's wording for the common syntax errors, with its ``at offset N`` suffix."""
-    pos = exc.pos
-    if pos >= len(exc.doc.rstrip()):
-        return "unexpected EOF"
-    ch = exc.doc[pos]
-    if exc.msg.startswith("Expecting value"):
-        what = "looking for beginning of value"
-    elif exc.msg.startswith("Expecting property name"):
-        what = "looking for beginning of object key string"
-    elif exc.msg.startswith("Expecting ':'"):
-        what = "after object key"
-    elif exc.msg.startswith("Expecting ',' delimiter"):
-        what = "after object key:value pair" if exc.doc.lstrip().startswith("{") else \
-            "after array element"
-    elif exc.msg.startswith("Extra data"):
-        what = "after top-level value"
+        # The common case: one well-formed value (Python's grammar is Go's once the
+        # non-standard constants are refused and no encoding is guessed).
+        single = json.loads(body.decode("utf-8"), parse_float=GoFloat,
+                            parse_constant=_refuse_constant)
+    except ValueError:
+        pass
     else:
-        what = "looking for beginning of value"
-    return "invalid character %s %s at offset %d" % (_go_char(ch), what, pos + 1)
+        return _decode_top(single, t, {})
+    out: dict = {}
+    try:
+        for start, end in gojson.values(body):
+            value = json.loads(body[start:end].decode("utf-8", "replace"),
+                               parse_float=GoFloat)
+            out = _decode_top(value, t, out)
+    except gojson.GoSyntaxError as exc:
+        raise DecodeError(str(exc)) from None
+    return out
 
 
-def _go_char(ch: str) -> str:
-    if ch == "'":
-        return "'\\''"
-    if ch == '"':
-        return "'\"'"
-    return "'%s'" % ch
+def unmarshal(body: bytes, t: Struct) -> dict:
+    """``body`` decoded the way Go's json.Unmarshal fills ``t`` (one value, unknown
+    fields skipped, Go's error texts), for requests nats-server reads that way."""
+    try:
+        gojson.check_valid(body)
+    except gojson.GoSyntaxError as exc:
+        raise DecodeError(exc.unmarshal_text()) from None
+    value = json.loads(body.decode("utf-8", "replace"), parse_float=GoFloat)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _type_error(value, t, "")
+    return decode_struct(value, t, strict=False)
+
+
+def _refuse_constant(name: str):
+    raise ValueError(name)
+
+
+def _decode_top(value, t: Struct, into: dict) -> dict:
+    if value is None:
+        return into
+    if not isinstance(value, dict):
+        raise _type_error(value, t, "")
+    return _merge(into, decode_struct(value, t))
+
+
+def _merge(into: dict, new: dict) -> dict:
+    """Go decoding into a struct that already holds values: objects (structs and
+    maps) are filled in further, everything else is replaced."""
+    for k, v in new.items():
+        old = into.get(k)
+        into[k] = _merge(dict(old), v) if isinstance(old, dict) and isinstance(v, dict) else v
+    return into
 
 
 def _go_quote(s: str) -> str:
@@ -249,3 +297,15 @@ def merged(blank: dict, req: dict) -> dict:
 def is_empty(v) -> bool:
     """What Go's encoder treats as empty for ``omitempty``."""
     return v is None or v == "" or v == 0 or v is False or v == [] or v == {}
+
+
+def is_empty_request(body: bytes) -> bool:
+    """server/jetstream_api.go isEmptyRequest: no body, or a JSON object with nothing in
+    it."""
+    if not body or body == b"{}":
+        return True
+    try:
+        v = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(v, dict) and not v

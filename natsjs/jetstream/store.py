@@ -60,7 +60,9 @@ def read_json(path: str):
 
 def open_message_log(path: str | None, cfg: dict):
     """The message store of a stream: a FileLog in ``path`` or a MemLog."""
-    first = cfg.get("first_seq") or 1
+    # Nothing stored yet reports first_seq 0 (server/filestore.go, memstore.go: FirstSeq
+    # stays 0 until the first message, unless the config asks for a first sequence).
+    first = cfg.get("first_seq") or 0
     if cfg["storage"] == "memory" or path is None:
         return MemLog(first)
     os.makedirs(path, exist_ok=True)

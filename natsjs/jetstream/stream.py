@@ -379,6 +379,10 @@ class Stream:
         sink = self._sink
         sink.budget = self.jsa.storage_budget(self)
         while True:
+            if self.closed:
+                # Stopped after waking this task and before it ran (a stream that
+                # captured its own delete request): the store is closed already.
+                return
             if not self._dirty and not sink.dirty:
                 await self._commit_wake.park()
                 continue
@@ -614,7 +618,7 @@ class Stream:
                 else:
                     return ApiError.of("JSStreamRollupFailedF",
                                        err="rollup value invalid: %s"
-                                       % r.decode("utf-8", "replace"))
+                                       % json.dumps(r.decode("utf-8", "replace"), ensure_ascii=False))
         if ttl > 0 and self._sdm is not None:
             ttl, hdr = min_ttl(cfg, ttl, hdr)
         max_size = cfg["max_msg_size"]
@@ -876,6 +880,20 @@ class Stream:
         self.jsa.note_usage()
         return n
 
+    def delete_refusal(self, seq: int):
+        """The store error a message delete of ``seq`` answers with (an ApiError), or
+        None when it either removes the message or finds it already gone.  nats-server's
+        file store refuses sequence 0 and anything outside first..last
+        (server/filestore.go removeMsg: ErrStoreMsgNotFound, ErrStoreEOF past the end);
+        its memory store only ever says "not found"."""
+        if self.cfg["storage"] == "memory":
+            return None
+        store = self.store
+        if seq and store.msgs and store.first_seq <= seq <= store.last_seq:
+            return None
+        return ApiError.of("JSStreamMsgDeleteFailedF", err="stream store EOF"
+                           if seq > store.last_seq else "no message found")
+
     def delete_msg(self, seq: int, erase: bool) -> bool:
         ok = self.store.remove(seq, secure=erase)
         if ok:
@@ -1134,14 +1152,19 @@ class Stream:
         out["consumer_count"] = sum(1 for c in self.consumers.values() if not c.direct)
         return out
 
-    def info(self, subjects_filter: str = "", deleted_details: bool = False) -> dict:
-        cfg = with_dynamic_metadata(self.cfg, self.js.version)
+    def info(self, subjects_filter: str = "", deleted_details: bool = False,
+             dynamic: bool = True) -> dict:
+        """StreamInfo; ``dynamic`` adds the server's version and API level to the
+        metadata (every reply but STREAM.LIST's, server/jetstream_api.go)."""
+        cfg = with_dynamic_metadata(self.cfg, self.js.version) if dynamic else self.cfg
         out = {"config": config_json(cfg), "created": rfc3339_nano(self.created),
                "state": self.state(subjects_filter, deleted_details)}
         if self.js.domain:
             out["domain"] = self.js.domain
-        out["cluster"] = self.replica.cluster_info() if self.replica is not None \
-            else self.js.cluster_info()
+        # A standalone server names itself as the leader in STREAM.INFO only (the API
+        # adds it there); a replicated stream reports its group everywhere.
+        if self.replica is not None:
+            out["cluster"] = self.replica.cluster_info()
         if self.sourcing is not None:
             out.update(self.sourcing.info())
         out["ts"] = rfc3339_nano(now_ns())

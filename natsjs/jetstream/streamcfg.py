@@ -33,7 +33,8 @@ LEVEL_KEY = "_nats.level"
 RETENTION = Enum("RetentionPolicy", ("limits", "interest", "workqueue"))
 DISCARD = Enum("DiscardPolicy", ("old", "new"), lower=True)
 STORAGE = Enum("StorageType", ("file", "memory"))
-COMPRESSION = Enum("StoreCompression", ("none", "s2"))
+COMPRESSION = Enum("StoreCompression", ("none", "s2"),
+                   unknown="unknown compression algorithm", string_first=True)
 PERSIST = Enum("PersistModeType", ("default", "async"))
 
 TRANSFORM = Struct("SubjectTransformConfig", {"src": "string", "dest": "string"})
@@ -92,9 +93,10 @@ STREAM_CONFIG_REQUEST = Struct("StreamConfigRequest",
                                {**STREAM_CONFIG_FIELDS, "pedantic": "bool"})
 STREAM_CONFIG = Struct("StreamConfig", STREAM_CONFIG_FIELDS)
 
-# Which fields the encoder leaves out when empty.
+# Which fields the encoder leaves out when empty (placement is a pointer: only when
+# absent, None here; an empty one is written as {}).
 OMITEMPTY = frozenset((
-    "description", "subjects", "max_msg_size", "no_ack", "duplicate_window", "placement",
+    "description", "subjects", "max_msg_size", "no_ack", "duplicate_window",
     "mirror", "sources", "first_seq", "subject_transform", "republish",
     "discard_new_per_subject", "subject_delete_marker_ttl", "allow_msg_counter",
     "allow_atomic", "allow_msg_schedules", "persist_mode", "allow_batched", "metadata"))
@@ -332,10 +334,15 @@ def check_stream_config(config: dict, ctx: CheckContext) -> dict:
             raise _invalid("stream configuration for republish with transform from '%s' to "
                            "'%s' not valid" % (rp["src"], rp["dest"]))
     pl = cfg["placement"]
-    if pl is not None and not any(pl.get(k) for k in ("cluster", "tags", "preferred")):
+    if pl is not None and not pl.get("cluster") and not pl.get("preferred") and \
+            pl.get("tags") is None:
+        # Only a placement equal to Go's zero value goes: one with an empty list of
+        # tags stays, as {} (server/stream.go checkStreamCfg compares with DeepEqual).
         cfg["placement"] = None
     elif pl is not None and pl.get("preferred"):
         raise _invalid("preferred server not permitted in placement")
+    elif pl is not None:
+        cfg["placement"] = {k: v for k, v in pl.items() if v}
     return cfg
 
 
