@@ -764,3 +764,28 @@ def test_every_server_compacts_the_meta_log_and_restarts_from_it(cluster3):
         finally:
             await nc.close()
     assert run(names()) == sorted("T%d" % i for i in range(0, 180, 3))
+
+
+def test_info_during_leader_step_down_is_answered(cluster3):
+    """Info asked while a stream's or consumer's group elects its next leader is held
+    by the replica that may lead and answered by it, instead of going unanswered for
+    the client's whole timeout."""
+    async def main():
+        nc, js = await connect(cluster3)
+        await js.add_stream(name="I", subjects=["i"], num_replicas=3)
+        await js.pull_subscribe("i", "d", stream="I")
+        for kind in ("stream", "consumer"):
+            for _ in range(3):
+                def info(timeout):
+                    return js.stream_info("I") if kind == "stream" else \
+                        js.consumer_info("I", "d", timeout=timeout)
+                old = (await info(TIMEOUT)).cluster.leader
+                subject = "$JS.API.STREAM.LEADER.STEPDOWN.I" if kind == "stream" else \
+                    "$JS.API.CONSUMER.LEADER.STEPDOWN.I.d"
+                assert json.loads((await nc.request(subject, b"", timeout=TIMEOUT)).data)[
+                    "success"]
+                t0 = time.monotonic()
+                while (await asyncio.wait_for(info(3), 3)).cluster.leader in (old, None):
+                    assert time.monotonic() - t0 < 5
+        await nc.close()
+    run(main())

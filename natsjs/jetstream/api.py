@@ -74,6 +74,7 @@ class Api:
         self.js = js
         self.server = js.server
         self._queue: collections.deque = collections.deque()
+        self._current = None      # the request being dispatched (see park)
         self._wake = trio.lowlevel.ParkingLot()
         self._subs = []
 
@@ -126,12 +127,35 @@ class Api:
                                                                "error": err}))
         return on_request
 
+    # ---- requests waiting for a replicated stream's or consumer's leader -----------------
+
+    PARK_FOR = 2.0       # how long a request waits for a leader being elected here
+
+    def park(self, rep) -> None:
+        """The request being dispatched concerns ``rep``, whose group is electing a
+        leader that may be this server: it waits (``unpark`` when this replica leads),
+        rather than go unanswered for the client's whole timeout."""
+        parked = rep.__dict__.setdefault("_parked", [])
+        parked.append((trio.current_time() + self.PARK_FOR, self._current))
+
+    def unpark(self, rep) -> None:
+        parked = rep.__dict__.pop("_parked", None)
+        if not parked:
+            return
+        now = trio.current_time()
+        for deadline, item in reversed(parked):
+            if deadline >= now:
+                self._queue.appendleft(item)
+        self._wake.unpark()
+
     async def worker(self) -> None:
         while True:
             if not self._queue:
                 await self._wake.park()
                 continue
-            jsa, subject, reply, hdr, msg, client = self._queue.popleft()
+            item = self._queue.popleft()
+            self._current = item
+            jsa, subject, reply, hdr, msg, client = item
             body = msg[hdr:] if hdr is not None and hdr > 0 else msg
             h = msg[:hdr] if hdr is not None and hdr > 0 else None
             try:

@@ -52,6 +52,9 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
         rep = cl.stream_replica(acc, name)
         if rep is not None and rep.is_leader():
             return await _stream_request(api, jsa, rep, op, body)
+        if _electing_here(cl, rep):
+            api.park(rep)
+            return None
         if cl.is_meta_leader() and ("%s %s" % (acc, name)) not in cl.state.streams:
             rtype = {"INFO": "stream_info_response", "PURGE": "stream_purge_response",
                      "MSG": "stream_msg_get_response" if op[2] == "GET"
@@ -63,6 +66,9 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
                                (n == 5 and kind == "LEADER")):
         sname, cname = op[-2], op[-1]
         crep = _consumer_replica(cl, acc, sname, cname)
+        if _electing_here(cl, crep):
+            api.park(crep)
+            return None
         if crep is not None and crep.is_leader():
             if kind == "INFO":
                 return {"type": T + "consumer_info_response", **crep.consumer.info()}
@@ -134,6 +140,13 @@ def _meta_rtype(op: list) -> str | None:
     if op == ["INFO"]:
         return "account_info_response"
     return table.get((head, kind))
+
+
+def _electing_here(cl, rep) -> bool:
+    """``rep``'s group has no leader at work, and this replica may be the next (it
+    knows of no other, or leads but has not caught up yet)."""
+    return rep is not None and not rep.closed and not rep.is_leader() and \
+        rep.raft.leader in (None, cl.me)
 
 
 def _consumer_replica(cl, acc: str, stream: str, name: str):

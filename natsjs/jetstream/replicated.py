@@ -489,6 +489,7 @@ class ReplicatedStream(_Replica):
     def leader_ready(self, term: int) -> None:
         self.stream.lead_sourcing(True)      # from what every earlier term wrote
         self.reconcile_members()
+        self.js.api.unpark(self)
 
     def stop(self, delete: bool = False) -> None:
         if self.closed:
@@ -585,6 +586,7 @@ class ReplicatedConsumer(_Replica):
         self._active = True
         c.set_active_leader(True)
         self.reconcile_members()
+        self.js.api.unpark(self)
         if not self._answered_create and self.ca.get("reply"):
             self._answered_create = True
             resp = {"type": "io.nats.jetstream.api.v1.consumer_create_response", **c.info()}
