@@ -7,7 +7,9 @@ its PubAck, many in flight at once, so a lost publish does not hold up the next 
 After ``--warmup`` seconds the stream leader is killed (SIGKILL).  The failover time is from
 the kill to the first PubAck for a publish sent after it: the figure a user sees as "no
 writes accepted".  The warm-up also checks the leader did not change under load (no
-spurious elections).
+spurious elections).  Before the writes, the stream's and a durable consumer's leaders
+are asked to step down a few times: the time from the request to info naming a new
+leader is the step-down figure.
 
     python -m bench.failover [--nats-server PATH] [--repeat 3]
 
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 
 import nats
+import nats.js.errors
 
 from .scenarios import load
 from .servers import NATSJS, REFERENCE, ServerKind, find_nats_server, find_natsjs_cmd, running
@@ -51,12 +54,44 @@ async def _until(pred, timeout: float):
     raise TimeoutError("condition not met in %gs" % timeout)
 
 
+async def _step_downs(nc, js, n: int = 3) -> dict:
+    """Median seconds from a leader step-down request to info naming another leader."""
+    await js.pull_subscribe("failover", "stepdown", stream=STREAM)
+    out = {}
+    for kind, subject in (("stream", "$JS.API.STREAM.LEADER.STEPDOWN." + STREAM),
+                          ("consumer", "$JS.API.CONSUMER.LEADER.STEPDOWN.%s.stepdown" % STREAM)):
+        async def leader():
+            with contextlib.suppress(Exception):
+                info = await (js.stream_info(STREAM) if kind == "stream" else
+                              js.consumer_info(STREAM, "stepdown"))
+                return info.cluster.leader
+            return None
+        times = []
+        for _ in range(n):
+            old = await _until(leader, 20)
+            t0 = time.monotonic()
+            await nc.request(subject, b"", timeout=5)
+            while (await leader()) in (old, None):
+                if time.monotonic() - t0 > 30:
+                    raise TimeoutError("no new %s leader" % kind)
+            times.append(time.monotonic() - t0)
+        out[kind + "_stepdown_s"] = statistics.median(times)
+    await js.delete_consumer(STREAM, "stepdown")
+    return out
+
+
 async def one_run(srv, args) -> dict:
     """Measure one failover on a running cluster; the dict holds the figures."""
     names = {"bench-%d" % i: i for i in range(len(srv.urls))}
     nc = await nats.connect(srv.urls[0])
     js = nc.jetstream(timeout=5)
-    await js.add_stream(name=STREAM, subjects=["failover"], num_replicas=3)
+    async def created():
+        # Right after start either server may still answer 503 "temporarily unavailable".
+        with contextlib.suppress(nats.js.errors.ServiceUnavailableError):
+            return await js.add_stream(name=STREAM, subjects=["failover"], num_replicas=3)
+        return None
+    await _until(created, 30)
+    stepdowns = await _step_downs(nc, js)
     leader = await _until(lambda: _leader(js), 20)
     await nc.close()
     # The client sits on a server that keeps running.
@@ -104,7 +139,7 @@ async def one_run(srv, args) -> dict:
     new_leader = await _until(lambda: _leader(js), 20)
     await nc.close()
     return {"failover_s": first - killed_at, "old_leader": before, "new_leader": new_leader,
-            "acked": len(acks), "failed": errors, "spurious_election": spurious}
+            "acked": len(acks), "failed": errors, "spurious_election": spurious, **stepdowns}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,13 +174,19 @@ def main(argv: list[str] | None = None) -> int:
                   % (kind.label, rep, r["failover_s"], r["old_leader"], r["new_leader"],
                      r["acked"], r["failed"],
                      ", SPURIOUS ELECTION" if r["spurious_election"] else ""), file=sys.stderr)
-    med = {k: statistics.median(r["failover_s"] for r in v) for k, v in runs.items() if v}
-    print("| | " + " | ".join(med) + (" | ratio (natsjs/nats-server) |" if len(med) == 2 else " |"))
-    print("|---" * (len(med) + 1 + (len(med) == 2)) + "|")
-    cells = ["%.2f s" % v for v in med.values()]
-    if len(med) == 2:
-        cells.append("%.2f" % (med[NATSJS] / med[REFERENCE]))
-    print("| failover R3, leader killed, median of %d | " % args.repeat + " | ".join(cells) + " |")
+    rows = [("failover R3, leader killed", "failover_s"),
+            ("stream leader step-down to new leader", "stream_stepdown_s"),
+            ("consumer leader step-down to new leader", "consumer_stepdown_s")]
+    labels = [k for k, v in runs.items() if v]
+    print("| median of %d | " % args.repeat + " | ".join(labels) +
+          (" | ratio (natsjs/nats-server) |" if len(labels) == 2 else " |"))
+    print("|---" * (len(labels) + 1 + (len(labels) == 2)) + "|")
+    for title, key in rows:
+        med = {k: statistics.median(r[key] for r in runs[k]) for k in labels}
+        cells = ["%.3f s" % v for v in med.values()]
+        if len(labels) == 2:
+            cells.append("%.2f" % (med[NATSJS] / med[REFERENCE]))
+        print("| %s | " % title + " | ".join(cells) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps(runs, indent=1))
     return 1 if any(r["spurious_election"] for v in runs.values() for r in v) else 0
