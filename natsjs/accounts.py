@@ -210,6 +210,32 @@ def check_imports(configs: dict[str, AccountConfig]) -> None:
                         "service" if imp.service else "stream", imp.subject, imp.account))
 
 
+def exact_interest(account: "Account", subject: bytes, queue: bytes = b"",
+                   hops: int = 0) -> bool:
+    """Whether someone subscribed to exactly ``subject`` (in the queue group ``queue``,
+    if given) in ``account``: what nats-server's interest notifications count
+    (server/sublist.go registerNotification), a wildcard that also matches does not.
+    A stream import is an internal wildcard subscription here, where nats-server adds a
+    shadow subscription per importing subscriber: it counts when the importing account
+    has such a subscriber on the subject it maps to."""
+    r = account.sublist.match(subject)
+    if queue:
+        if any(g[0].subject == subject and g[0].queue == queue for g in r.qsubs):
+            return True
+    elif any(s.subject == subject for s in r.psubs):
+        return True
+    if hops >= MAX_IMPORT_HOPS:
+        return False
+    for s in r.psubs:
+        target = getattr(s.callback, "imports_into", None)
+        if target is not None:
+            dst, imp = target
+            if exact_interest(dst, _map_subject(subject, imp.subject, imp.to), queue,
+                              hops + 1):
+                return True
+    return False
+
+
 def _map_subject(subject: bytes, src: str, dst: str) -> bytes:
     """Rename ``subject`` from the import's source pattern to its destination."""
     if src == dst:
@@ -350,7 +376,12 @@ class Account:
             reply, shown = split_js_delivery(reply)
             server.deliver(dst, _map_subject(subject, imp.subject, imp.to), reply, msg, hdr,
                            to_routes=False, shown=shown)
+        # Where the subscription leads, for exact_interest.
+        forward.imports_into = (dst, imp)
         server.subscribe_internal(src, imp.subject.encode(), forward, owner)
+
+    def imports_streams(self) -> bool:
+        return any(not imp.service for imp in self.config.imports)
 
     def _wire_service_import(self, server, src: "Account", imp: Import, owner) -> None:
         dst = self

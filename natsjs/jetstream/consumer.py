@@ -29,6 +29,7 @@ import string
 import trio
 
 from natsjs._core.jsdeliver import deliver_run
+from natsjs.accounts import exact_interest
 from natsjs.jetstream import headers as H
 from natsjs.jetstream.consumercfg import config_json, filters_of, is_durable, with_dynamic_metadata
 from natsjs.jetstream.errors import ApiError
@@ -409,10 +410,11 @@ class Consumer:
     def check_interest(self) -> None:
         if not self.push or self.closed:
             return
-        acc = self.stream.jsa.account
-        r = acc.sublist.match(self.cfg["deliver_subject"].encode())
-        active = any(s.callback is None or s.callback is not self._on_fc for s in r.psubs) or \
-            bool(r.qsubs)
+        # Only a subscription on the deliver subject itself (in the deliver group, if
+        # there is one) makes the consumer deliver, not a wildcard that also matches
+        # it (server/consumer.go waits on the sublist's interest notifications).
+        active = exact_interest(self.stream.jsa.account, self.cfg["deliver_subject"].encode(),
+                                (self.cfg.get("deliver_group") or "").encode())
         if active != self.active:
             self.active = active
             if active:

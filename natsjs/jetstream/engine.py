@@ -476,14 +476,19 @@ class JetStream:
         self.api.remove_consumer(stream, consumer)
 
     def interest_changed(self, account) -> None:
-        """Local interest in ``account`` changed: push consumers look again."""
-        jsa = self.accounts.get(account.name)
-        if jsa is None:
-            return
-        for s in jsa.streams.values():
-            for c in s.consumers.values():
-                if c.push:
-                    c.check_interest()
+        """Local interest in ``account`` changed: push consumers look again (those of
+        every account when ``account`` imports streams: its subscribers count for the
+        exporter's consumers, natsjs/accounts.py exact_interest)."""
+        if account.imports_streams():
+            jsas = list(self.accounts.values())
+        else:
+            jsa = self.accounts.get(account.name)
+            jsas = [jsa] if jsa is not None else []
+        for jsa in jsas:
+            for s in jsa.streams.values():
+                for c in s.consumers.values():
+                    if c.push:
+                        c.check_interest()
 
     # ---- monitoring -------------------------------------------------------------------
 
