@@ -47,6 +47,7 @@ import time
 import trio
 
 from natsjs import NATS_VERSION, __version__
+from natsjs._core.interest import count_interest
 from natsjs.accounts import GLOBAL_ACCOUNT, MAX_IMPORT_HOPS, Account, Imports
 from natsjs.client import MAX_CONNECTIONS, Client
 from natsjs.connection import SERVER_SHUTDOWN
@@ -470,12 +471,13 @@ class Server:
     # ---- connections -----------------------------------------------------------
 
     def route_interest(self, account, subs, delta: int) -> None:
-        """Local interest changed: count it, and tell the routes when clustered."""
-        cluster = self.cluster
-        for sub in subs:
-            n = account.note_interest(sub, delta)
-            if cluster is not None:
-                cluster.interest_changed(account, sub, n, delta)
+        """Local interest changed (``subs`` all added, ``delta`` 1, or all removed, -1):
+        count it, and tell the routes when clustered."""
+        if not subs:
+            return
+        changed = count_interest(account.rm, subs, delta)
+        if self.cluster is not None and changed:
+            self.cluster.interest_changed(account, changed, delta)
         if self.jetstream is not None:
             self.jetstream.interest_changed(account)
 
