@@ -78,8 +78,7 @@ class Client(Connection):
         super().__init__(server, sock, cid, addr, core)
         self.auth_required = server.auth_required
         core.connect_required = self.auth_required
-        self.nonce = new_nonce() if opts.auth.has_nkeys or any(
-            u.nkey for a in opts.accounts for u in a.users) else ""
+        self.nonce = new_nonce() if server.nonce_wanted else ""
         self.user = None
         # The configured secret this connection's credentials were found to match:
         # a reload that keeps it needs no second (bcrypt) check.
@@ -119,10 +118,12 @@ class Client(Connection):
         return True
 
     def start_tasks(self, nursery: trio.Nursery) -> None:
+        self.server.pinger.add(self)
         if self.auth_required:
             nursery.start_soon(self._auth_timeout)
 
     def on_closed(self) -> None:
+        self.server.pinger.discard(self)
         if self.connect_received:
             self.account.client_count -= 1
         # What the core gathered before the connection failed goes out first, so

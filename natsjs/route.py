@@ -207,6 +207,7 @@ class Route(Connection):
             self.account is None and copts.pool_size >= 1))
 
     def start_tasks(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(self._ping_loop)
         if not self.dialled and self.cluster.copts.username:
             nursery.start_soon(self._auth_timeout)
 
