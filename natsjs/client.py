@@ -95,6 +95,7 @@ class Client(Connection):
         self.protocol = 0
         self.connect_received = False
         self.first_pong_sent = False
+        self.wait_first = True
         self.on_trace_changed()
 
     # ---- lifecycle -------------------------------------------------------------
@@ -102,6 +103,7 @@ class Client(Connection):
     async def on_start(self) -> bool:
         server = self.server
         info = server.client_info_line(self)
+        server.pinger.add(self)
         if server.tls_context is None:
             self.send(info)
             return True
@@ -117,10 +119,11 @@ class Client(Connection):
         self.flush()
         return True
 
+    def needs_tasks(self) -> bool:
+        return self.auth_required
+
     def start_tasks(self, nursery: trio.Nursery) -> None:
-        self.server.pinger.add(self)
-        if self.auth_required:
-            nursery.start_soon(self._auth_timeout)
+        nursery.start_soon(self._auth_timeout)
 
     def on_closed(self) -> None:
         self.server.pinger.discard(self)

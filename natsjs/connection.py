@@ -101,6 +101,11 @@ class Connection:
         self._scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         self._writing = False             # the write loop is running
+        self._writer_scope: trio.CancelScope | None = None
+        self._writer_done: trio.Event | None = None
+        # The peer says nothing before our INFO (a client): the read loop starts by
+        # waiting instead of with a read that can only fail.
+        self.wait_first = False
         self.closed_reason: str | None = None
         self._linger = False
         self._deferred = None             # (step, args) set by defer()
@@ -116,16 +121,22 @@ class Connection:
     # ---- lifecycle -------------------------------------------------------------
 
     async def run(self) -> None:
-        self.server.log.debug(self.log_prefix + "%s connection created", self.kind)
+        self.server.log.debug("%s%s connection created", self.log_prefix, self.kind)
         try:
-            # One cancel scope (the nursery's) for the connection: close() cancels it.
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                self._scope = nursery.cancel_scope
+            with trio.CancelScope() as scope:
+                self._scope = scope            # what close() cancels
                 if self.closed_reason is None and await self.on_start():
-                    self.start_tasks(nursery)
-                    await self._read_loop()
-                nursery.cancel_scope.cancel()
+                    if self.needs_tasks():
+                        async with trio.open_nursery() as nursery:
+                            self._nursery = nursery
+                            self.start_tasks(nursery)
+                            await self._read_loop()
+                            nursery.cancel_scope.cancel()
+                    else:
+                        # The common client: its only task is this one (a nursery
+                        # per connection costs more than the rest of its set-up).
+                        await self._read_loop()
+            await self._stop_writer()
             if self._linger:
                 await self._linger_close()
         finally:
@@ -133,6 +144,11 @@ class Connection:
 
     async def on_start(self) -> bool:
         """Greet the peer (INFO, TLS); False closes the connection."""
+        return True
+
+    def needs_tasks(self) -> bool:
+        """Whether ``start_tasks`` has tasks to start (then the connection gets a
+        nursery of its own)."""
         return True
 
     def start_tasks(self, nursery: trio.Nursery) -> None:
@@ -227,7 +243,8 @@ class Connection:
         server = self.server
         size = MIN_READ
         buf = bytearray(size)
-        view = memoryview(buf)
+        if self.wait_first:
+            await t.wait_readable()
         while True:
             try:
                 n = t.recv_into(buf)
@@ -243,15 +260,15 @@ class Connection:
             self.last_activity = trio.current_time()
             try:
                 if self.s2_reader is not None:
-                    self._feed_s2(view[:n])
+                    self._feed_s2(memoryview(buf)[:n])
                 else:
-                    data = view[:n]
-                    used = core.feed(data)
+                    used = core.feed(buf, n)
+                    data = None
                     while core.pause:
                         # A handler deferred the end of its operation (defer()), or
                         # switched the stream (S2 from the next byte on).
                         core.pause = False
-                        data = bytes(data[used:])
+                        data = bytes(buf[used:n]) if data is None else data[used:]
                         if self._deferred is not None:
                             step, args = self._deferred
                             self._deferred = None
@@ -295,11 +312,9 @@ class Connection:
             if n == size and size < MAX_READ:
                 size *= 2
                 buf = bytearray(size)
-                view = memoryview(buf)
             elif n < size // 2 and size > MIN_READ:
                 size //= 2
                 buf = bytearray(size)
-                view = memoryview(buf)
 
     def _feed_s2(self, data) -> None:
         """Decode an S2 stream a slice at a time, parsing as we go.
@@ -385,13 +400,34 @@ class Connection:
         """
         if self._writing:
             self._wake.unpark()
-        elif self._nursery is not None:
+        elif self._scope is not None and self.closed_reason is None:
             self._start_writer()
 
     def _start_writer(self) -> None:
         self._writing = True
         self._wake = trio.lowlevel.ParkingLot()
-        self._nursery.start_soon(self._write_loop)
+        if self._nursery is not None:
+            self._nursery.start_soon(self._write_loop)
+            return
+        # No nursery of our own: the loop runs in the server's, under a cancel scope
+        # of ours, and run() waits for it to end before the socket is closed.
+        self._writer_scope = trio.CancelScope()
+        self._writer_done = trio.Event()
+        self.server.start_connection_task(self._detached_write_loop)
+
+    async def _detached_write_loop(self) -> None:
+        try:
+            with self._writer_scope:
+                await self._write_loop()
+        finally:
+            self._writer_done.set()
+
+    async def _stop_writer(self) -> None:
+        if self._writer_done is None:
+            return
+        self._writer_scope.cancel()
+        with trio.CancelScope(shield=True):
+            await self._writer_done.wait()
 
     async def _write_loop(self) -> None:
         t = self.transport

@@ -405,6 +405,11 @@ class Server:
             if left > 0:
                 self._owner_tasks[key] = left
 
+    def start_connection_task(self, fn) -> None:
+        """Run ``await fn()`` in the root nursery: a connection's task that outlives
+        no connection (the connection cancels and awaits it)."""
+        self._nursery.start_soon(fn)
+
     def _listen(self, host: str, port: int) -> socket.socket:
         if port == RANDOM_PORT:
             port = 0

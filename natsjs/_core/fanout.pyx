@@ -303,8 +303,9 @@ cdef class ClientCore(Conn):
         self.sublist = sublist
         self.account_name = b"$G"
         self.to_routes = True
-        self.rtargets = []
-        self.rqueues = []
+        # Made on first use, like ipending: most clients never publish to a route.
+        self.rtargets = None
+        self.rqueues = None
         # nats-server's defaults before CONNECT says otherwise (server/client.go).
         self.echo = True
         self.verbose = True
@@ -320,7 +321,7 @@ cdef class ClientCore(Conn):
         self.fast_subs = False
         self.on_interest = None
         self.max_subs = 0
-        self.ipending = []
+        self.ipending = None
         self.idelta = 0
 
     # ---- SUB and UNSUB (server/client.go processSub, processUnsub) -------------------
@@ -431,6 +432,8 @@ cdef class ClientCore(Conn):
     cdef int note_interest(self, Subscription sub, int delta) except -1:
         if self.ipending and self.idelta != delta:
             self.flush_interest()
+        if self.ipending is None:
+            self.ipending = []
         self.ipending.append(sub)
         self.idelta = delta
         return 0
@@ -440,7 +443,7 @@ cdef class ClientCore(Conn):
         cdef list subs = self.ipending
         if not subs:
             return None
-        self.ipending = []
+        self.ipending = None
         if self.on_interest is not None:
             self.on_interest(subs, self.idelta)
         return None
@@ -564,8 +567,12 @@ cdef class ClientCore(Conn):
         new).  While interest moves from one connection to another (a reload that
         pins an account or resizes the pool, natsjs/cluster.py) the peer's
         subscriptions sit on both for a moment; the first one found carries it."""
-        cdef Py_ssize_t i, n = len(self.rtargets)
+        cdef Py_ssize_t i, n
         cdef object peer = (<RouteCore>route).peer
+        if self.rtargets is None:
+            self.rtargets = []
+            self.rqueues = []
+        n = len(self.rtargets)
         for i in range(n):
             if (<RouteCore>self.rtargets[i]).peer is peer:
                 return i

@@ -101,7 +101,7 @@ cdef class ProtoParser:
     # returns how much it consumed (a route switching its reader to S2).
     cdef public bint pause
 
-    cpdef feed(self, data)
+    cpdef feed(self, data, Py_ssize_t length=*)
     cdef int _control(self, const unsigned char* ctl, Py_ssize_t n,
                       const unsigned char* rest, Py_ssize_t avail,
                       Py_ssize_t* used) except -1

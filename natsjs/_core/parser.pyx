@@ -99,8 +99,9 @@ cdef class ProtoParser:
         self.no_account = False
         self.pause = False
 
-    cpdef feed(self, data):
-        """Parse ``data`` (any bytes-like object, any split); returns the bytes consumed.
+    cpdef feed(self, data, Py_ssize_t length=-1):
+        """Parse ``data`` (any bytes-like object, any split), or its first ``length``
+        bytes; returns the bytes consumed.
 
         That is all of them unless a handler set ``pause`` (or closed the connection).
         """
@@ -110,6 +111,8 @@ cdef class ProtoParser:
         cdef const unsigned char* p
         cdef const unsigned char* nl
         cdef const unsigned char* ctl
+        if 0 <= length < n:
+            n = length
         if n == 0:
             return 0
         p = &view[0]
