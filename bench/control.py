@@ -17,7 +17,8 @@ raw-socket load generator (this module) that drives both servers byte for byte t
 Each load runs ``--repeat`` times per server on fresh processes, the order alternating;
 the table gives medians and the natsjs/nats-server ratio of rates (for RSS, of
 subscriptions per megabyte), so that >= 1.0 means natsjs is at or better than the
-reference.  ``--pin`` runs every server on core 0 and this generator on core 1 (taskset).
+reference.  ``--pin`` runs every server on core 0 and this generator on core 1
+(bench/servers.py SERVER_CPU, LOAD_CPU).
 
     python -m bench.control [--nats-server PATH] [--repeat 3] [--load subs,conns,route]
 """
@@ -37,8 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .servers import (HOST, NATSJS, REFERENCE, ServerKind, _http_json, _wait_port, free_ports,
-                      server_kinds, stop)
+from .servers import (HOST, LOAD_CPU, NATSJS, REFERENCE, SERVER_CPU, ServerKind, _http_json,
+                      _wait_port, free_ports, on_cpu, server_kinds, stop)
 
 REPO = Path(__file__).resolve().parent.parent
 CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"lang":"bench","version":"1"}\r\n'
@@ -101,18 +102,11 @@ class Client:
         self.sock.close()
 
 
-def launch(kind: ServerKind, args: list[str], log: Path, pin: int | None) -> subprocess.Popen:
-    cmd = [*kind.cmd, *args]
-    if pin is not None:
-        cmd = ["taskset", "-c", str(pin), *cmd]
+def launch(kind: ServerKind, args: list[str], log: Path, cpu: int | None) -> subprocess.Popen:
     with open(log, "wb") as logf:
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def server_pid(proc: subprocess.Popen) -> int:
-    """The server's own pid (taskset execs it, so it is the Popen's)."""
-    return proc.pid
+        # taskset execs the server: the Popen's pid is the server's (for its RSS)
+        return subprocess.Popen(on_cpu([*kind.cmd, *args], cpu), stdin=subprocess.DEVNULL,
+                                stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 # --------------------------------------------------------------------------- loads
@@ -217,7 +211,7 @@ def wait_subsz(http_port: int, target: int, timeout: float) -> tuple[float, floa
 
 def measure(kind: ServerKind, load: str, args, work: Path) -> dict:
     """Start fresh server(s) of ``kind``, run one ``load``, stop them; a dict of figures."""
-    pin = 0 if args.pin else None
+    pin = SERVER_CPU if args.pin else None
     procs: list[subprocess.Popen] = []
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -229,7 +223,7 @@ def measure(kind: ServerKind, load: str, args, work: Path) -> dict:
             procs.append(launch(kind, ["-a", HOST, "-p", str(port), "-m", str(http)], log, pin))
             _wait_port(port, procs[0], time.monotonic() + 30, log)
             if load == "subs":
-                return load_subs(port, server_pid(procs[0]), args.subs, args.timeout)
+                return load_subs(port, procs[0].pid, args.subs, args.timeout)
             return load_conns(port, args.conns, args.conn_subs, args.window, args.timeout)
         # route: A holds the subscriptions, B joins it.
         pa, ca, ha, pb, cb, hb = free_ports(6)
@@ -245,7 +239,7 @@ def measure(kind: ServerKind, load: str, args, work: Path) -> dict:
                                        *cluster, "--cluster", f"nats://{HOST}:{cb}",
                                        "--routes", f"nats://{HOST}:{ca}"], log_b, pin))
             first, done, count = wait_subsz(hb, args.subs, args.timeout)
-            rss_b = rss_bytes(server_pid(procs[1]))
+            rss_b = rss_bytes(procs[1].pid)
         finally:
             c.close()
         seconds = done - first
@@ -304,7 +298,7 @@ def result_row(row: dict, slot: int, args) -> dict:
             "topology": "cluster2-join" if row["load"] == "route" else "single",
             "nodes": 2 if row["load"] == "route" else 1, "server": row["server"],
             "repeat": row["repeat"], "slot": slot, "started_at": row["started_at"],
-            "msgs": row.get("ops"), "size": round(row["rss_per_sub"]) if row.get("rss_per_sub") else None,
+            "msgs": row.get("ops"), "size": round(row["rss_per_sub"]) if "rss_per_sub" in row else None,
             "pubs": 0, "subs": args.conn_subs if row["load"] == "conns" else args.subs,
             "seconds": row.get("seconds"), "msgs_per_sec": row.get("rate"),
             "mb_per_sec": None, "p50_us": None, "p99_us": None, "received": None, "samples": 0,
@@ -338,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--load: choose from " + ",".join(LOADS))
     kinds = server_kinds(args.servers, args.nats_server, args.natsjs_cmd)
     if args.pin:
-        os.sched_setaffinity(0, {1})
+        on_cpu([], LOAD_CPU)                  # checks taskset and the cores are there
+        os.sched_setaffinity(0, {LOAD_CPU})
     servers = [k.label for k in kinds]
     writer = None
     if args.results:
@@ -377,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
                         writer.add_result(result_row(row, len(rows) - 1, args))
                         writer.flush()
     text = table(summarise(rows, servers, loads), servers, args)
+    if args.pin:
+        text = "pinned: servers on core %d, this generator on core %d\n\n" % (SERVER_CPU,
+                                                                              LOAD_CPU) + text
     if writer is not None:
         (writer.dir / "table.md").write_text(text)
         print("trace: %s" % writer.dir, file=sys.stderr)
