@@ -33,13 +33,18 @@ APP_USER = "app"
 READY = b"Server is ready"
 
 
-def _free_port(host: str) -> int:
-    s = socket.socket()
+def _free_ports(host: str, n: int) -> list[int]:
+    """``n`` distinct ports free on ``host`` (held open together while chosen)."""
+    socks = []
     try:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+        for _ in range(n):
+            s = socket.socket()
+            socks.append(s)
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
     finally:
-        s.close()
+        for s in socks:
+            s.close()
 
 
 def pick_subnet(rng: random.Random, tries: int = 50) -> int:
@@ -47,7 +52,7 @@ def pick_subnet(rng: random.Random, tries: int = 50) -> int:
     for _ in range(tries):
         b = rng.randrange(64, 250)
         try:
-            _free_port("127.0.%d.1" % b)
+            _free_ports("127.0.%d.1" % b, 1)
             return b
         except OSError:
             continue
@@ -104,11 +109,14 @@ class ChaosCluster:
         self.nodes: list[Node] = []
         for i in range(nodes):
             host = "127.0.%d.%d" % (b, i + 1)
-            self.nodes.append(Node(i, host, _free_port(host), _free_port(host), _free_port(host),
-                                   _free_port(host), os.path.join(self.workdir, "n%d" % (i + 1))))
-        spec = [(i, j, self.nodes[j].host, self.nodes[j].host, self.nodes[j].cluster_port)
+            self.nodes.append(Node(i, host, *_free_ports(host, 4),
+                                   os.path.join(self.workdir, "n%d" % (i + 1))))
+        # The relays towards node j listen on an address of their own, 127.0.b.(101+j), so
+        # they never take a port the servers were given.
+        spec = [(i, j, self.relay_host(j), self.nodes[j].host, self.nodes[j].cluster_port)
                 for i in range(nodes) for j in range(nodes) if i != j]
         self.net = ChaosNet(spec)
+        self.subnet = b
         self.recorded_pids: list[int] = [self.net.pid]
         for nd in self.nodes:
             os.makedirs(nd.data_dir, exist_ok=True)
@@ -121,8 +129,11 @@ class ChaosCluster:
 
     # ---- configuration ------------------------------------------------------------------
 
+    def relay_host(self, j: int) -> str:
+        return "127.0.%d.%d" % (int(self.nodes[j].host.split(".")[2]), 101 + j)
+
     def _write_conf(self, nd: Node) -> str:
-        routes = "\n".join("    nats-route://%s:%d" % (self.nodes[j].host, self.net.ports[(nd.index, j)])
+        routes = "\n".join("    nats-route://%s:%d" % (self.relay_host(j), self.net.ports[(nd.index, j)])
                            for j in range(self.size) if j != nd.index)
         text = """server_name: %(name)s
 listen: %(host)s:%(port)d

@@ -47,6 +47,9 @@ class Relays:
     def __init__(self) -> None:
         self.links: dict[frozenset, Link] = {}
         self.servers: list[asyncio.base_events.Server] = []
+        # asyncio keeps only weak references to tasks: a relay nobody else holds could be
+        # collected mid-connection and silently stop forwarding.
+        self.tasks: set[asyncio.Task] = set()
 
     def link(self, a: int, b: int) -> Link:
         key = frozenset((a, b))
@@ -60,7 +63,12 @@ class Relays:
             link = self.link(src, dst)
 
             async def handler(reader, writer, link=link, target=(target_host, target_port)):
-                await self._relay(reader, writer, link, target)
+                task = asyncio.current_task()
+                self.tasks.add(task)
+                try:
+                    await self._relay(reader, writer, link, target)
+                finally:
+                    self.tasks.discard(task)
 
             srv = await asyncio.start_server(handler, listen_host, 0)
             self.servers.append(srv)
@@ -74,10 +82,13 @@ class Relays:
                 ureader, uwriter = await asyncio.open_connection(*target)
             except OSError:
                 return
+            pumps = [asyncio.ensure_future(self._pump(creader, uwriter, link)),
+                     asyncio.ensure_future(self._pump(ureader, cwriter, link))]
+            self.tasks.update(pumps)
             try:
-                await asyncio.gather(self._pump(creader, uwriter, link),
-                                     self._pump(ureader, cwriter, link))
+                await asyncio.gather(*pumps)
             finally:
+                self.tasks.difference_update(pumps)
                 uwriter.close()
         finally:
             cwriter.close()
