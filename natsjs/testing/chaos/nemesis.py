@@ -152,7 +152,7 @@ class Nemesis:
                 self.down.add(i)
             notes = []
             for i in victims:
-                notes += await asyncio.to_thread(corrupt_store, c.nodes[i].store_dir, self.rng)
+                notes += await asyncio.to_thread(corrupt_store, c.nodes[i].data_dir, self.rng)
             f.nodes = self._names(victims)
             f.detail = "; ".join(notes)[:1000]
         elif kind in ("power-loss", "power-loss-all"):

@@ -174,7 +174,7 @@ def run(cfg: RunConfig) -> RunResult:
         replicas = {}
         for i in members:
             nd = c.nodes[i]
-            replicas[nd.name] = read_replica(nd.data_dir if nd.fs is None else nd.store_dir,
+            replicas[nd.name] = read_replica(nd.data_dir,
                                              STREAM, cfg.reference)
         if cfg.sabotage == "drop-replica" and replicas:
             name = sorted(replicas)[-1]
@@ -190,7 +190,21 @@ def run(cfg: RunConfig) -> RunResult:
                        workdir=workdir)
     if own_dir and figures.get("valid"):
         shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        dump(result, os.path.join(workdir, "history.jsonl"))
     return result
+
+
+def dump(r: RunResult, path: str) -> None:
+    """The run as JSON lines, next to the servers' files it kept: figures, notes, the
+    fault timeline, then one line per operation."""
+    with open(path, "w") as f:
+        f.write(json.dumps({"figures": r.figures, "notes": r.notes,
+                            "config": r.config, "replica_sizes": r.replica_sizes}) + "\n")
+        for x in r.timeline:
+            f.write(json.dumps({"fault": asdict(x)}) + "\n")
+        for o in r.history.ops:
+            f.write(json.dumps(asdict(o)) + "\n")
 
 
 def summary_line(r: RunResult) -> str:

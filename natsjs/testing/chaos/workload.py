@@ -228,6 +228,8 @@ class Workload:
                     break
                 if time.monotonic() > drain_deadline:
                     break
+                if self._queue_done():
+                    break
             try:
                 if sub is None:
                     sub = await js.pull_subscribe_bind(QCONSUMER, QSTREAM)
@@ -257,10 +259,16 @@ class Workload:
                     op.outcome, op.error = UNKNOWN, "%s" % type(e).__name__
                 op.end_ns = self.h.now()
 
+    def _queue_done(self) -> bool:
+        """Every acknowledged enqueue has been delivered and its ack confirmed."""
+        enq = {o.value for o in self.h.ops if o.kind == "enqueue" and o.outcome == OK}
+        done = {o.value for o in self.h.ops if o.kind == "ack" and o.outcome == OK}
+        return enq <= done
+
     # ---- the whole thing ----------------------------------------------------------------
 
     async def run(self, duration_stop: asyncio.Event, drain_done: asyncio.Event,
-                  drain_quiet: float = 3.0, drain_timeout: float = 60.0) -> None:
+                  drain_quiet: float = 3.0, drain_timeout: float = 30.0) -> None:
         """Publish until ``duration_stop`` is set; the worker then drains until quiet for
         ``drain_quiet`` seconds (at most ``drain_timeout``) after ``drain_done`` is set
         (the faults healed)."""
