@@ -82,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
         for f in cls.split("+"):
             if f not in FAULTS:
                 ap.error("unknown fault class %r" % f)
+    if any(f in NEEDS_FS for cls in classes for f in cls.split("+")):
+        from natsjs.testing.chaos.lossyfs import available
+        why = available()
+        if why:
+            print("power loss skipped: %s" % why, file=sys.stderr)
+            classes = [c for c in classes if not any(f in NEEDS_FS for f in c.split("+"))]
     servers = [server_command(s.strip()) for s in args.servers.split(",") if s.strip()]
     writer = trace.ChaosTrace(args.results, vars(args)) if args.results else None
     results = []
