@@ -108,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
             r = run(cfg)
             results.append(r)
             print(summary_line(r), file=sys.stderr, flush=True)
+            for x in r.timeline:
+                print("    fault %-15s at %6.1fs for %4.1fs  %s  %s"
+                      % (x.kind, x.start_ns / 1e9, max(0, x.end_ns - x.start_ns) / 1e9,
+                         x.nodes, x.detail[:150]), file=sys.stderr)
             for note in r.notes:
                 print("    note: %s" % note, file=sys.stderr)
             if not r.figures["valid"]:

@@ -294,6 +294,24 @@ no_auth_user: %(app)s
             time.sleep(0.2)
         raise TimeoutError("no meta leader agreed by %s" % self.alive())
 
+    def clock_offset(self, i: int) -> float | None:
+        """How far the node's wall clock is from ours: its /varz ``now`` (RFC 3339)."""
+        import datetime as dt
+        before = time.time()
+        now = (self.http(i, "/varz") or {}).get("now")
+        if not now:
+            return None
+        head, _, frac = now.rstrip("Z").partition(".")
+        tz = ""
+        for sep in ("+", "-"):
+            if sep in frac:
+                frac, tz = frac.split(sep, 1)[0], sep + frac.split(sep, 1)[1]
+        try:
+            t = dt.datetime.fromisoformat(head + ("." + frac[:6] if frac else "") + (tz or "+00:00"))
+        except ValueError:
+            return None
+        return t.timestamp() - (before + time.time()) / 2
+
     def index_of(self, name: str) -> int:
         return int(name.lstrip("n")) - 1
 

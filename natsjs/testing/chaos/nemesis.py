@@ -183,6 +183,10 @@ class Nemesis:
                 self.skewed.add(target)
                 f.nodes = self._names([target])
                 f.detail = "clock %+.0f s" % offset
+                seen = await asyncio.to_thread(c.clock_offset, target)
+                if seen is None or abs(seen - offset) > 5:
+                    f.detail += " (not effective: the server's /varz now is off by %s s)" % (
+                        "?" if seen is None else "%.0f" % seen)
         else:
             raise ValueError("unknown fault %r" % kind)
         self.timeline.append(f)

@@ -260,15 +260,15 @@ class Workload:
                 op.end_ns = self.h.now()
 
     def _queue_done(self) -> bool:
-        """Every acknowledged enqueue has been delivered and its ack confirmed."""
+        """Every acknowledged enqueue has been delivered."""
         enq = {o.value for o in self.h.ops if o.kind == "enqueue" and o.outcome == OK}
-        done = {o.value for o in self.h.ops if o.kind == "ack" and o.outcome == OK}
+        done = {o.value for o in self.h.ops if o.kind == "deliver"}
         return enq <= done
 
     # ---- the whole thing ----------------------------------------------------------------
 
     async def run(self, duration_stop: asyncio.Event, drain_done: asyncio.Event,
-                  drain_quiet: float = 3.0, drain_timeout: float = 30.0) -> None:
+                  drain_quiet: float = 10.0, drain_timeout: float = 30.0) -> None:
         """Publish until ``duration_stop`` is set; the worker then drains until quiet for
         ``drain_quiet`` seconds (at most ``drain_timeout``) after ``drain_done`` is set
         (the faults healed)."""
