@@ -157,6 +157,7 @@ CHAOS = pa.schema([
     ("q_lost", pa.int64()),
     ("q_redelivered_after_ack", pa.int64()),
     ("q_unexpected", pa.int64()),
+    ("unrecovered", pa.int64()),       # nodes that could not be restarted after a fault
     ("notes", pa.string()),
 ])
 

@@ -42,16 +42,17 @@ def server_command(spec: str) -> tuple[str, list[str], bool]:
 def table(results) -> str:
     """Per fault class, one line per server: the figures the issue asks for."""
     lines = ["| faults | server | runs | lost | duplicated | divergent | other errors "
-             "| availability | longest gap (s) | queue lost | valid |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| availability | longest gap (s) | queue lost | nodes not back | valid |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         f = r.figures
         other = f["unexpected"] + f["misplaced"] + f["order"] + f["q_unexpected"] + \
             f["q_redelivered_after_ack"]
-        lines.append("| %s | %s | 1 | %d | %d | %d | %d | %.3f | %.2f | %d | %s |"
+        lines.append("| %s | %s | 1 | %d | %d | %d | %d | %.3f | %.2f | %d | %d | %s |"
                      % (",".join(r.config["faults"]), r.config["label"], f["lost"],
                         f["duplicated"], f["divergent"], other, f["availability"],
-                        f["longest_gap_s"], f["q_lost"], "yes" if f["valid"] else "**no**"))
+                        f["longest_gap_s"], f["q_lost"], f["unrecovered"],
+                        "yes" if f["valid"] else "**no**"))
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ What it reports (``check()`` returns a flat dict; ``valid`` is the verdict):
 ``q_lost``         enqueued (acknowledged) values the worker never received
 ``q_redelivered_after_ack``  deliveries of a value after its ack was confirmed
 ``q_unexpected``   deliveries of values never enqueued
+``unrecovered``    nodes that could not be restarted after a fault (the runner counts them)
 
 Failed attempts whose value is stored anyway (``failed_stored``) and unknown ones that were
 stored (``unknown_stored``) are counted but are no error: a failure can be reported after
@@ -35,7 +36,7 @@ from natsjs.testing.chaos.workload import FAILED, OK, UNKNOWN
 
 WARMUP = b"warmup"
 ERRORS = ("lost", "lost_all", "duplicated", "unexpected", "misplaced", "order", "divergent",
-          "q_lost", "q_redelivered_after_ack", "q_unexpected")
+          "q_lost", "q_redelivered_after_ack", "q_unexpected", "unrecovered")
 
 
 def longest_gap(ops, kind: str = "publish") -> float:
@@ -71,7 +72,7 @@ def _order_violations(acked, where: dict[str, int]) -> int:
     return bad
 
 
-def check(ops, replicas: dict[str, dict[int, bytes]]) -> dict:
+def check(ops, replicas: dict[str, dict[int, bytes]], unrecovered: int = 0) -> dict:
     pubs = [o for o in ops if o.kind == "publish"]
     acked = [o for o in pubs if o.outcome == OK]
     sent = {o.value for o in pubs}
@@ -131,6 +132,7 @@ def check(ops, replicas: dict[str, dict[int, bytes]]) -> dict:
     r["failed_stored"] = sum(1 for o in pubs if o.outcome == FAILED and o.value in stored)
     r["unknown_stored"] = sum(1 for o in pubs if o.outcome == UNKNOWN and o.value in stored)
     r.update(check_queue(ops))
+    r["unrecovered"] = unrecovered
     r["valid"] = all(r[k] == 0 for k in ERRORS)
     return r
 

@@ -196,12 +196,24 @@ no_auth_user: %(app)s
                 if READY in f.read():
                     return
             if not nd.alive():
-                raise RuntimeError("%s exited (%s) while starting; see %s"
-                                   % (nd.name, nd.proc.returncode, nd.log))
+                raise RuntimeError("%s exited (%s) while starting: %s (log %s)"
+                                   % (nd.name, nd.proc.returncode, self.last_error(i), nd.log))
             if time.monotonic() > deadline:
                 raise TimeoutError("%s not ready after %gs; see %s"
                                    % (nd.name, self.start_timeout, nd.log))
             time.sleep(0.05)
+
+    def last_error(self, i: int) -> str:
+        """The last line of the node's current start that looks like an error."""
+        nd = self.nodes[i]
+        with open(nd.log, "rb") as f:
+            f.seek(nd.log_offset)
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines()]
+        for ln in reversed(lines):
+            ln = ln.strip("|+- ")
+            if ln and ("Error" in ln or "[FTL]" in ln or "[ERR]" in ln):
+                return ln[:200]
+        return lines[-1][:200] if lines else ""
 
     def start_all(self) -> None:
         for i in range(self.size):

@@ -63,6 +63,7 @@ class Nemesis:
         self.down: set[int] = set()       # killed by a fault, restarted at its heal
         self.paused: set[int] = set()
         self.skewed: set[int] = set()
+        self.unrecovered: dict[str, str] = {}   # node -> why it did not restart
 
     # ---- helpers ------------------------------------------------------------------------
 
@@ -211,7 +212,11 @@ class Nemesis:
         for i in down:
             await asyncio.to_thread(c.start, i, False)
         for i in down:
-            await asyncio.to_thread(c.wait_started, i)
+            try:
+                await asyncio.to_thread(c.wait_started, i)
+            except (RuntimeError, TimeoutError) as e:
+                # A node that cannot come back is a finding, not the end of the run.
+                self.unrecovered[c.nodes[i].name] = str(e).splitlines()[0][:300]
         self.down.clear()
 
 

@@ -150,7 +150,9 @@ async def _run_async(cfg: RunConfig, c: ChaosCluster, hist: History, notes: list
         members, note = await _converge(c, admin, cfg.converge_timeout)
         if note:
             notes.append(note)
-        return members, nem.timeline
+        for name, why in nem.unrecovered.items():
+            notes.append("%s did not restart: %s" % (name, why))
+        return members, nem.timeline, sorted(nem.unrecovered)
     finally:
         if not work.done():
             stop.set()
@@ -168,21 +170,24 @@ def run(cfg: RunConfig) -> RunResult:
     try:
         c.start_all()
         c.wait_meta()
-        members, timeline = asyncio.run(_run_async(cfg, c, hist, notes))
+        members, timeline, unrecovered = asyncio.run(_run_async(cfg, c, hist, notes))
         for i in range(c.size):
             c.stop(i)
         replicas = {}
         for i in members:
             nd = c.nodes[i]
-            replicas[nd.name] = read_replica(nd.data_dir,
-                                             STREAM, cfg.reference)
+            try:
+                replicas[nd.name] = read_replica(nd.data_dir, STREAM, cfg.reference)
+            except Exception as e:  # noqa: BLE001 - an unreadable replica holds nothing
+                notes.append("%s: replica unreadable: %s: %s" % (nd.name, type(e).__name__, e))
+                replicas[nd.name] = {}
         if cfg.sabotage == "drop-replica" and replicas:
             name = sorted(replicas)[-1]
             acked = sorted(o.seq for o in hist.ops if o.kind == "publish" and o.outcome == "ok")
             if acked:
                 replicas[name].pop(acked[len(acked) // 2], None)
                 notes.append("drop-replica: seq %d left out of %s" % (acked[len(acked) // 2], name))
-        figures = checker.check(hist.ops, replicas)
+        figures = checker.check(hist.ops, replicas, unrecovered=len(unrecovered))
     finally:
         c.close()
     result = RunResult(config=asdict(cfg), figures=figures, history=hist, timeline=timeline,

@@ -67,14 +67,14 @@ class ChaosTrace:
             "received": f["ok"], "samples": len(lat),
             "error": None if f["valid"] else "invalid: " + ", ".join(
                 "%s %d" % (k, f[k]) for k in ("lost", "duplicated", "divergent", "unexpected",
-                                              "misplaced", "order", "q_lost") if f[k]),
+                                              "misplaced", "order", "q_lost", "unrecovered") if f[k]),
             "natsbench_args": json.dumps({"faults": cfg["faults"], "seed": cfg["seed"]}),
             "server_args": json.dumps(cfg["server_cmd"])})
         self.slot += 1
         row = {k: f[k] for k in ("valid", "attempts", "ok", "failed", "unknown", "lost",
                                  "lost_all", "duplicated", "divergent", "unexpected", "misplaced",
                                  "order", "availability", "longest_gap_s", "q_attempts", "q_ok",
-                                 "q_lost", "q_redelivered_after_ack", "q_unexpected")}
+                                 "q_lost", "q_redelivered_after_ack", "q_unexpected", "unrecovered")}
         row.update(scenario=scenario, server=server, nodes=cfg["nodes"], replicas=cfg["replicas"],
                    seed=cfg["seed"], sabotage=cfg["sabotage"], notes="; ".join(r.notes))
         ops = {"scenario": [scenario] * len(h.ops), "server": [server] * len(h.ops),
