@@ -164,3 +164,13 @@ def test_corrupt_store_damages_files(tmp_path):
     data = (d / "1.blk").read_bytes()
     assert len(data) < 4096 or any(data)
     assert (tmp_path / "jetstream" / "APP" / "streams" / "S" / "meta.json").read_text() == "{}"
+
+
+def test_corrupt_state_only_touches_raft_state(tmp_path):
+    raft = tmp_path / "jetstream" / "APP" / "streams" / "S" / "raft"
+    (raft / "log").mkdir(parents=True)
+    (raft / "log" / "1.blk").write_bytes(bytes(512))
+    (raft / "state.json").write_text('{"term":3,"vote":"abc"}')
+    notes = corrupt_store(str(tmp_path), random.Random(5), kind="state")
+    assert len(notes) == 1 and "state.json" in notes[0]
+    assert (raft / "log" / "1.blk").read_bytes() == bytes(512)

@@ -3,11 +3,19 @@
 Jepsen's NATS analysis found that corrupting one node's files could lose acknowledged
 data cluster-wide.  A correct server detects the damage (checksums), discards what it
 cannot trust and catches up from its peers, so the stream's replicas end identical and
-complete.  ``corrupt_store`` damages a node's JetStream files while it is down: the
-stream's message files, its index and snapshot files, and the Raft files of its groups
-(whatever the server named them: every regular file under ``<store>/jetstream`` is a
-candidate except the small JSON metadata that says which streams exist, which both
-servers keep in a file written atomically).  It returns what it did, for the timeline.
+complete.  ``corrupt_store`` damages a node's JetStream files while it is down, and
+returns what it did, for the timeline.  Two sets of files, two fault classes:
+
+* ``data``: the message block, index and snapshot files of streams, consumers and Raft
+  logs (every regular file under ``<store>/jetstream`` except the two kinds below);
+* ``state``: the small files where Raft keeps its term, vote and peers (natsjs
+  ``state.json``; nats-server ``tav.idx`` and ``peers.idx``).  A lost vote cannot be
+  recovered from peers without risking two votes in one term, so this class measures
+  what a server does about it (refuse to start, rejoin, or carry on).
+
+The stream and consumer configurations (``meta.json``; nats-server ``meta.inf`` and
+``meta.sum``) are never touched: both servers write them atomically, and damaging them
+tests configuration parsing, not replication.
 """
 from __future__ import annotations
 
@@ -17,15 +25,16 @@ import random
 # Metadata files (stream/consumer configurations) are written atomically and are not
 # what the fault class is about; damaging them tests config parsing, not replication.
 SKIP = {"meta.json", "meta.inf", "meta.sum"}
+RAFT_STATE = {"state.json", "tav.idx", "peers.idx"}
 
 
-def candidates(store_dir: str) -> list[str]:
+def candidates(store_dir: str, kind: str = "data") -> list[str]:
     out = []
     root = os.path.join(store_dir, "jetstream")
     for dirpath, _dirs, files in os.walk(root):
         for f in files:
             path = os.path.join(dirpath, f)
-            if f in SKIP or f.endswith(".tmp"):
+            if f in SKIP or f.endswith(".tmp") or (f in RAFT_STATE) != (kind == "state"):
                 continue
             try:
                 if os.path.getsize(path) > 0:
@@ -54,9 +63,10 @@ def truncate(path: str, rng: random.Random) -> str:
     return "truncated %s %d -> %d" % (path, size, keep)
 
 
-def corrupt_store(store_dir: str, rng: random.Random, files: int = 3) -> list[str]:
-    """Damage up to ``files`` of the node's files, each by bit flips or a cut tail."""
-    pool = candidates(store_dir)
+def corrupt_store(store_dir: str, rng: random.Random, files: int = 3,
+                  kind: str = "data") -> list[str]:
+    """Damage up to ``files`` of the node's ``kind`` files, each by bit flips or a cut tail."""
+    pool = candidates(store_dir, kind)
     notes = []
     for path in rng.sample(pool, min(files, len(pool))):
         rel = os.path.relpath(path, store_dir)

@@ -17,7 +17,8 @@ Classes (``FAULTS``):
 ``member``          the stream drops a follower (``$JS.API.STREAM.PEER.REMOVE``), the meta
                     group places a replacement; nodes > replicas
 ``corrupt``         a minority stops (SIGKILL); bits flipped in and tails cut off their
-                    stream and Raft files; restarted at the heal
+                    message block, index and snapshot files; restarted at the heal
+``corrupt-state``   the same for their Raft term/vote/peer files (``corrupt.py``)
 ``power-loss``      one node loses power: SIGKILL, and its file system forgets every write
                     not fsynced (``lossyfs``); restarted at the heal
 ``power-loss-all``  every node at once
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from natsjs.testing.chaos.workload import STREAM
 
 FAULTS = ("kill", "kill-leader", "pause", "pause-leader", "partition", "partition-leader",
-          "bridge", "member", "corrupt", "power-loss", "power-loss-all", "skew")
+          "bridge", "member", "corrupt", "corrupt-state", "power-loss", "power-loss-all", "skew")
 
 
 @dataclass
@@ -145,7 +146,7 @@ class Nemesis:
                     f.detail = msg.data.decode(errors="replace")[:200]
                 except Exception as e:  # noqa: BLE001
                     f.detail = "peer remove: %s" % type(e).__name__
-        elif kind == "corrupt":
+        elif kind in ("corrupt", "corrupt-state"):
             from natsjs.testing.chaos.corrupt import corrupt_store
             victims = self.minority()
             for i in victims:
@@ -153,7 +154,8 @@ class Nemesis:
                 self.down.add(i)
             notes = []
             for i in victims:
-                notes += await asyncio.to_thread(corrupt_store, c.nodes[i].data_dir, self.rng)
+                notes += await asyncio.to_thread(corrupt_store, c.nodes[i].data_dir, self.rng, 3,
+                                                 "state" if kind == "corrupt-state" else "data")
             f.nodes = self._names(victims)
             f.detail = "; ".join(notes)[:1000]
         elif kind in ("power-loss", "power-loss-all"):

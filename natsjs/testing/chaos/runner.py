@@ -150,6 +150,11 @@ async def _run_async(cfg: RunConfig, c: ChaosCluster, hist: History, notes: list
         members, note = await _converge(c, admin, cfg.converge_timeout)
         if note:
             notes.append(note)
+        # A server can log "ready" and die just after (a store it fails to load lazily).
+        for nd in c.nodes:
+            if not nd.alive() and nd.name not in nem.unrecovered:
+                nem.unrecovered[nd.name] = "exited (%s) after restarting: %s" % (
+                    nd.proc.returncode if nd.proc else "?", c.last_error(nd.index))
         for name, why in nem.unrecovered.items():
             notes.append("%s did not restart: %s" % (name, why))
         return members, nem.timeline, sorted(nem.unrecovered)
