@@ -155,6 +155,7 @@ CHAOS = pa.schema([
     ("q_attempts", pa.int64()),
     ("q_ok", pa.int64()),
     ("q_lost", pa.int64()),
+    ("q_undelivered", pa.int64()),     # not delivered but still in the queue stream at the end
     ("q_redelivered_after_ack", pa.int64()),
     ("q_unexpected", pa.int64()),
     ("unrecovered", pa.int64()),       # nodes that could not be restarted after a fault

@@ -272,7 +272,7 @@ def _write_chaos_run(root) -> str:
                  "sabotage": "", "valid": True, "attempts": 20, "ok": 17, "failed": 0,
                  "unknown": 3, "lost": 0, "lost_all": 0, "duplicated": 0, "divergent": 0,
                  "unexpected": 0, "misplaced": 0, "order": 0, "availability": 0.85,
-                 "longest_gap_s": 4.5, "q_attempts": 0, "q_ok": 0, "q_lost": 0,
+                 "longest_gap_s": 4.5, "q_attempts": 0, "q_ok": 0, "q_lost": 0, "q_undelivered": 0,
                  "q_redelivered_after_ack": 0, "q_unexpected": 0, "unrecovered": 0, "notes": ""},
                 {"scenario": ["kill"] * 20, "server": ["natsjs"] * 20, "process": ["p0"] * 20,
                  "kind": ["publish"] * 20, "value": ["p0-%d" % i for i in range(20)],

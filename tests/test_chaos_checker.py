@@ -174,3 +174,10 @@ def test_corrupt_state_only_touches_raft_state(tmp_path):
     notes = corrupt_store(str(tmp_path), random.Random(5), kind="state")
     assert len(notes) == 1 and "state.json" in notes[0]
     assert (raft / "log" / "1.blk").read_bytes() == bytes(512)
+
+
+def test_queue_value_still_stored_is_undelivered_not_lost():
+    ops = [Op("q", "enqueue", "q-0", S, S + 1, OK, seq=1),
+           Op("q", "enqueue", "q-1", S, S + 1, OK, seq=2)]
+    r = checker.check_queue(ops, {"n1": {2: b"q-1"}})
+    assert r["q_lost"] == 1 and r["q_undelivered"] == 1

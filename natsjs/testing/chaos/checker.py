@@ -18,7 +18,8 @@ What it reports (``check()`` returns a flat dict; ``valid`` is the verdict):
 ``divergent``      sequences at which the replicas do not hold the same payload
 ``availability``   acknowledged attempts / attempts
 ``longest_gap_s``  the longest time with attempts under way and no acknowledgement
-``q_lost``         enqueued (acknowledged) values the worker never received
+``q_lost``         enqueued (acknowledged) values the worker never received and that
+                   are not in the queue stream either
 ``q_redelivered_after_ack``  deliveries of a value after its ack was confirmed
 ``q_unexpected``   deliveries of values never enqueued
 ``unrecovered``    nodes that could not be restarted after a fault (the runner counts them)
@@ -72,7 +73,8 @@ def _order_violations(acked, where: dict[str, int]) -> int:
     return bad
 
 
-def check(ops, replicas: dict[str, dict[int, bytes]], unrecovered: int = 0) -> dict:
+def check(ops, replicas: dict[str, dict[int, bytes]], unrecovered: int = 0,
+          queue_replicas: dict[str, dict[int, bytes]] | None = None) -> dict:
     pubs = [o for o in ops if o.kind == "publish"]
     acked = [o for o in pubs if o.outcome == OK]
     sent = {o.value for o in pubs}
@@ -131,13 +133,16 @@ def check(ops, replicas: dict[str, dict[int, bytes]], unrecovered: int = 0) -> d
     stored = set().union(*(pos.keys() for pos in positions.values())) if positions else set()
     r["failed_stored"] = sum(1 for o in pubs if o.outcome == FAILED and o.value in stored)
     r["unknown_stored"] = sum(1 for o in pubs if o.outcome == UNKNOWN and o.value in stored)
-    r.update(check_queue(ops))
+    r.update(check_queue(ops, queue_replicas))
     r["unrecovered"] = unrecovered
     r["valid"] = all(r[k] == 0 for k in ERRORS)
     return r
 
 
-def check_queue(ops) -> dict:
+def check_queue(ops, queue_replicas: dict[str, dict[int, bytes]] | None = None) -> dict:
+    """The work queue: an acknowledged enqueue must be delivered, or at least still be in
+    the queue stream (``queue_replicas``, read like the main stream) when the worker had
+    to stop before it came (no leader at the end): that one is ``q_undelivered``."""
     enq = [o for o in ops if o.kind == "enqueue"]
     delivered = [o for o in ops if o.kind == "deliver"]
     acks = [o for o in ops if o.kind == "ack"]
@@ -150,8 +155,12 @@ def check_queue(ops) -> dict:
             acked_at[o.value] = o.end_ns
     again = sum(1 for o in delivered if o.value in acked_at and o.start_ns > acked_at[o.value])
     counts = Counter(o.value for o in delivered)
+    stored = {p.decode(errors="replace") for msgs in (queue_replicas or {}).values()
+              for p in msgs.values()}
+    missing = enq_ok - got
     return {"q_attempts": len(enq), "q_ok": len(enq_ok),
             "q_availability": len(enq_ok) / len(enq) if enq else 0.0,
             "q_delivered": len(got), "q_redeliveries": sum(c - 1 for c in counts.values()),
-            "q_lost": len(enq_ok - got), "q_redelivered_after_ack": again,
+            "q_lost": len(missing - stored), "q_undelivered": len(missing & stored),
+            "q_redelivered_after_ack": again,
             "q_unexpected": len(got - sent)}

@@ -36,7 +36,8 @@ from natsjs.testing.chaos import checker
 from natsjs.testing.chaos.cluster import ChaosCluster
 from natsjs.testing.chaos.nemesis import Nemesis, run_nemesis
 from natsjs.testing.chaos.replicas import read_replica
-from natsjs.testing.chaos.workload import (STREAM, History, Workload, WorkloadConfig, connect)
+from natsjs.testing.chaos.workload import (QSTREAM, STREAM, History, Workload, WorkloadConfig,
+                                           connect)
 
 SABOTAGE = ("", "phantom-ack", "drop-committed", "drop-replica")
 
@@ -186,13 +187,21 @@ def run(cfg: RunConfig) -> RunResult:
             except Exception as e:  # noqa: BLE001 - an unreadable replica holds nothing
                 notes.append("%s: replica unreadable: %s: %s" % (nd.name, type(e).__name__, e))
                 replicas[nd.name] = {}
+        queue = {}
+        if cfg.queue:
+            for nd in c.nodes:
+                try:
+                    queue[nd.name] = read_replica(nd.data_dir, QSTREAM, cfg.reference)
+                except Exception:  # noqa: BLE001 - only used to excuse undelivered values
+                    pass
         if cfg.sabotage == "drop-replica" and replicas:
             name = sorted(replicas)[-1]
             acked = sorted(o.seq for o in hist.ops if o.kind == "publish" and o.outcome == "ok")
             if acked:
                 replicas[name].pop(acked[len(acked) // 2], None)
                 notes.append("drop-replica: seq %d left out of %s" % (acked[len(acked) // 2], name))
-        figures = checker.check(hist.ops, replicas, unrecovered=len(unrecovered))
+        figures = checker.check(hist.ops, replicas, unrecovered=len(unrecovered),
+                                queue_replicas=queue)
     finally:
         c.close()
     result = RunResult(config=asdict(cfg), figures=figures, history=hist, timeline=timeline,
@@ -220,12 +229,12 @@ def dump(r: RunResult, path: str) -> None:
 def summary_line(r: RunResult) -> str:
     f = r.figures
     return ("%-12s %-16s %s  attempts %d ok %d unknown %d  lost %d dup %d divergent %d "
-            "unexpected %d order %d  avail %.3f  gap %.2fs  q_lost %d q_dup %d"
+            "unexpected %d order %d  avail %.3f  gap %.2fs  q_lost %d q_dup %d  down %d"
             % (r.config["label"], ",".join(r.config["faults"]) or "none",
                "VALID  " if f["valid"] else "INVALID", f["attempts"], f["ok"], f["unknown"],
                f["lost"], f["duplicated"], f["divergent"], f["unexpected"], f["order"],
                f["availability"], f["longest_gap_s"], f["q_lost"],
-               f["q_redelivered_after_ack"]))
+               f["q_redelivered_after_ack"], f["unrecovered"]))
 
 
 if __name__ == "__main__":  # a quick manual run: python -m natsjs.testing.chaos.runner CMD...

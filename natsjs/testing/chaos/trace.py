@@ -74,7 +74,8 @@ class ChaosTrace:
         row = {k: f[k] for k in ("valid", "attempts", "ok", "failed", "unknown", "lost",
                                  "lost_all", "duplicated", "divergent", "unexpected", "misplaced",
                                  "order", "availability", "longest_gap_s", "q_attempts", "q_ok",
-                                 "q_lost", "q_redelivered_after_ack", "q_unexpected", "unrecovered")}
+                                 "q_lost", "q_undelivered", "q_redelivered_after_ack", "q_unexpected",
+                                 "unrecovered")}
         row.update(scenario=scenario, server=server, nodes=cfg["nodes"], replicas=cfg["replicas"],
                    seed=cfg["seed"], sabotage=cfg["sabotage"], notes="; ".join(r.notes))
         ops = {"scenario": [scenario] * len(h.ops), "server": [server] * len(h.ops),
