@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 4222
 HTTP_PORT ?= 8222
-EXTRAS ?= test,bench
+EXTRAS ?= test,bench,chaos
 
 .PHONY: run test install build bench micro profile clean
 
@@ -92,3 +92,15 @@ COMPRESSION_ARGS ?=
 bench-compression: build
 	$(PY) -m bench.compression $(if $(NATS_SERVER),--nats-server $(NATS_SERVER)) \
 		--results $(RESULTS) $(COMPRESSION_ARGS)
+
+# ---- fault injection: natsjs/testing/chaos (README "Faults") ---------------------------
+# Every fault class against natsjs and nats-server, one run each; a table on stdout, the
+# history and fault timeline as a trace in results/<run>-chaos/.  Power loss needs
+# libfuse3 (Debian: libfuse3-3) and /dev/fuse; partitions need nothing.
+CHAOS_SERVERS ?= natsjs,nats-server
+CHAOS_FAULTS ?= all
+CHAOS_ARGS ?=
+.PHONY: chaos
+chaos: build
+	$(PY) -m natsjs.testing.chaos --servers $(CHAOS_SERVERS) --faults $(CHAOS_FAULTS) \
+		--results $(RESULTS) $(CHAOS_ARGS)

@@ -19,7 +19,10 @@ What it computes, per run, scenario and server:
   averaged over repeats), and the change of throughput and p99 against the previous run
   (by start time) of the same scenario and server;
 - for pytest-benchmark micro runs: mean time and ops per benchmark, and the change of the
-  mean against the previous micro run.
+  mean against the previous micro run;
+- for chaos runs (``make chaos``): the fault section of bench/faults.py (the checker's
+  figures, availability over time with the faults marked, latency per phase); their
+  RESULTS and latency rows stay out of the benchmark tables above.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
+from . import faults as faults_mod
 from . import trace
 from .servers import NATSJS, REFERENCE
 
@@ -135,6 +139,15 @@ class Analysis:
     timeseries: pd.DataFrame   # run_id, scenario, server, t_s, msgs_per_sec, bin_s, repeats
     cdf: pd.DataFrame          # run_id, scenario, server, q, latency_us
     micro: pd.DataFrame        # run_id, started_at, name, group, mean_s, ops, ..., change_pct
+    fault_figures: pd.DataFrame       # chaos runs: bench/faults.py FaultAnalysis
+    fault_availability: pd.DataFrame
+    fault_phases: pd.DataFrame
+    fault_windows: pd.DataFrame
+
+    @property
+    def faults(self) -> faults_mod.FaultAnalysis:
+        return faults_mod.FaultAnalysis(self.fault_figures, self.fault_availability,
+                                        self.fault_phases, self.fault_windows)
 
 
 def _exact_quantiles(spark, latency, stats, keys: list[str], quantiles: list[float]):
@@ -184,6 +197,11 @@ def analyze(spark, paths: list[str | Path], approx_accuracy: int | None = None) 
     from pyspark.sql import functions as F
 
     fr = load(spark, paths)
+    # Chaos runs have a section of their own; their rows stay out of the benchmark tables.
+    chaos_ids = fr.meta.where(F.col("kind") == "chaos").select("run_id").distinct()
+    fr.results = fr.results.join(chaos_ids, "run_id", "left_anti")
+    fr.throughput = fr.throughput.join(chaos_ids, "run_id", "left_anti")
+    fr.latency = fr.latency.join(chaos_ids, "run_id", "left_anti")
     e2e_meta = fr.meta.where(F.col("kind") == "e2e")
     runs = (fr.meta.groupBy("run_id", "kind")
             .agg(F.min("started_at").alias("started_at"), F.first("git_sha").alias("git_sha"),
@@ -257,6 +275,8 @@ def analyze(spark, paths: list[str | Path], approx_accuracy: int | None = None) 
              .withColumn("change_pct", (F.col("mean_s") / F.col("prev_mean_s") - 1) * 100))
 
     order = ["started_at", "run_id", "scenario", "server"]
+    fa = faults_mod.analyze_faults(spark, trace.discover([p for p in paths
+                                                          if not str(p).endswith(".json")]))
     out = Analysis(
         runs=_to_pandas(runs.orderBy("started_at", "run_id")),
         throughput=_to_pandas(thr.orderBy(*order)),
@@ -266,6 +286,8 @@ def analyze(spark, paths: list[str | Path], approx_accuracy: int | None = None) 
         timeseries=_to_pandas(ts.orderBy("run_id", "scenario", "server", "t_s")),
         cdf=_to_pandas(cdf.orderBy("run_id", "scenario", "server", "q")),
         micro=_to_pandas(micro.orderBy("started_at", "run_id", "name")),
+        fault_figures=fa.figures, fault_availability=fa.availability,
+        fault_phases=fa.phases, fault_windows=fa.faults,
     )
     for df in (thr, lat, qv):
         df.unpersist()
@@ -445,6 +467,7 @@ def report_tables(a: Analysis) -> dict[str, pd.DataFrame]:
             pd.DataFrame(lat_rows),
         "History of the ratio natsjs / nats-server": hist,
         "Micro-benchmarks (pytest-benchmark; change_pct = change of the mean time)": micro,
+        **faults_mod.report_tables(a.faults),
         "Runs": runs,
     }
 
@@ -455,7 +478,8 @@ def write_report(a: Analysis, out: Path | str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for f in fields(a):
         getattr(a, f.name).to_csv(out / f"{f.name}.csv", index=False)
-    pngs = plot(a, out)
+    pngs = plot(a, out) + faults_mod.plot(a.faults, out, {REFERENCE: "#4C72B0",
+                                                            NATSJS: "#DD8452"})
     tables = report_tables(a)
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     md = [f"# natsjs benchmark report\n\n_{now}; {len(a.runs)} run(s)._\n"]

@@ -11,6 +11,9 @@ Tables (file in the run folder -> schema constant):
   throughput.parquet   THROUGHPUT  one row per 100 ms bin, derived from the latency samples
   latency/*.parquet    LATENCY     one row per message (natsbench -trace), a file per repeat
   micro.parquet        MICRO       one row per pytest-benchmark benchmark (micro runs)
+  chaos.parquet        CHAOS       one row per (run, fault class, server): the checker's figures
+  ops.parquet          CHAOS_OPS   one row per client operation of a chaos run (the history)
+  faults.parquet       CHAOS_FAULTS one row per injected fault (the timeline)
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BIN_S = 0.1  # throughput bin width
 TS = pa.timestamp("us", tz="UTC")
 
@@ -123,7 +126,71 @@ MICRO = pa.schema([
     ("iterations", pa.int64()),
 ])
 
-TABLES = {"meta": META, "results": RESULTS, "throughput": THROUGHPUT, "micro": MICRO}
+# Chaos runs (natsjs/testing/chaos, ``make chaos``): scenario = the fault class(es) of the
+# run, "+"-joined; repeat 0.  Their RESULTS rows count publish attempts (msgs) and
+# acknowledgements (received); LATENCY holds one row per acknowledged publish (seq = the
+# stream sequence of its PubAck), so THROUGHPUT is acknowledgements per 100 ms.
+CHAOS = pa.schema([
+    ("run_id", pa.string()),
+    ("scenario", pa.string()),
+    ("server", pa.string()),
+    ("nodes", pa.int32()),
+    ("replicas", pa.int32()),
+    ("seed", pa.int64()),
+    ("sabotage", pa.string()),         # "" for a real run
+    ("valid", pa.bool_()),
+    ("attempts", pa.int64()),
+    ("ok", pa.int64()),
+    ("failed", pa.int64()),
+    ("unknown", pa.int64()),
+    ("lost", pa.int64()),              # acknowledged, missing from at least one replica
+    ("lost_all", pa.int64()),          # acknowledged, missing from every replica
+    ("duplicated", pa.int64()),
+    ("divergent", pa.int64()),         # sequences where the replicas differ
+    ("unexpected", pa.int64()),
+    ("misplaced", pa.int64()),
+    ("order", pa.int64()),
+    ("availability", pa.float64()),    # ok / attempts
+    ("longest_gap_s", pa.float64()),
+    ("q_attempts", pa.int64()),
+    ("q_ok", pa.int64()),
+    ("q_lost", pa.int64()),
+    ("q_undelivered", pa.int64()),     # not delivered but still in the queue stream at the end
+    ("q_redelivered_after_ack", pa.int64()),
+    ("q_unexpected", pa.int64()),
+    ("unrecovered", pa.int64()),       # nodes that could not be restarted after a fault
+    ("notes", pa.string()),
+])
+
+CHAOS_OPS = pa.schema([
+    ("run_id", pa.string()),
+    ("scenario", pa.string()),
+    ("server", pa.string()),
+    ("process", pa.string()),          # p0..pN publishers, q the queue producer, worker
+    ("kind", pa.string()),             # publish | enqueue | deliver | ack
+    ("value", pa.string()),
+    ("start_unix_ns", pa.int64()),
+    ("end_unix_ns", pa.int64()),       # null while unknown never ended (not written)
+    ("outcome", pa.string()),          # ok | failed | unknown
+    ("seq", pa.int64()),               # PubAck / delivery stream sequence, -1 if none
+    ("node", pa.int32()),              # node index the client first connected to, -1
+    ("error", pa.string()),
+    ("redelivered", pa.int32()),
+])
+
+CHAOS_FAULTS = pa.schema([
+    ("run_id", pa.string()),
+    ("scenario", pa.string()),
+    ("server", pa.string()),
+    ("kind", pa.string()),             # the fault class of this injection
+    ("start_unix_ns", pa.int64()),
+    ("end_unix_ns", pa.int64()),       # the heal
+    ("nodes", pa.string()),            # "n1,n3", or "n1 | n2,n3" for a partition
+    ("detail", pa.string()),
+])
+
+TABLES = {"meta": META, "results": RESULTS, "throughput": THROUGHPUT, "micro": MICRO,
+          "chaos": CHAOS, "ops": CHAOS_OPS, "faults": CHAOS_FAULTS}
 
 
 # --------------------------------------------------------------------------- run metadata
@@ -212,6 +279,9 @@ class RunWriter:
         self.meta: list[dict] = []
         self.results: list[dict] = []
         self.throughput: list[dict] = []
+        self.chaos: list[dict] = []
+        self.ops: list[pa.Table] = []
+        self.faults: list[dict] = []
 
     def add_meta(self, row: dict) -> None:
         self.meta.append({"schema_version": SCHEMA_VERSION, "run_id": self.run_id, **row})
@@ -249,10 +319,23 @@ class RunWriter:
             for t, c in zip(t_s, counts)]
         return n
 
+    def add_chaos(self, figures: dict, ops: dict[str, list], faults: list[dict]) -> None:
+        """One chaos run: its figures (a CHAOS row), its history (CHAOS_OPS columns as
+        lists) and its fault timeline (CHAOS_FAULTS rows)."""
+        self.chaos.append({"run_id": self.run_id, **figures})
+        n = len(ops["value"])
+        cols = {"run_id": [self.run_id] * n, **ops}
+        self.ops.append(pa.table({f.name: cols[f.name] for f in CHAOS_OPS}, schema=CHAOS_OPS))
+        self.faults += [{"run_id": self.run_id, **f} for f in faults]
+
     def flush(self) -> None:
         _write(_table(self.meta, META), self.dir / "meta.parquet")
         _write(_table(self.results, RESULTS), self.dir / "results.parquet")
         _write(_table(self.throughput, THROUGHPUT), self.dir / "throughput.parquet")
+        if self.chaos:
+            _write(_table(self.chaos, CHAOS), self.dir / "chaos.parquet")
+            _write(pa.concat_tables(self.ops), self.dir / "ops.parquet")
+            _write(_table(self.faults, CHAOS_FAULTS), self.dir / "faults.parquet")
         # a human-readable copy of the metadata next to the columnar one
         with open(self.dir / "meta.json", "w") as f:
             json.dump(self.meta, f, indent=2, default=str)

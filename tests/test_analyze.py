@@ -241,3 +241,79 @@ def test_cli(spark, data, tmp_path, capsys):
     assert (out / "report.md").stat().st_size > 0
     assert "PUB" in capsys.readouterr().out
     assert analyze.main([str(tmp_path / "nothing-here")], spark=spark) == 1
+
+
+# ---- the fault section (chaos runs: bench/faults.py) ---------------------------------------
+
+def _write_chaos_run(root) -> str:
+    """A chaos run: 20 publishes, one a second; those sent at 5-7 s time out during a
+    kill from 4.5 s to 8.5 s, the one at 8 s is acknowledged late."""
+    run_id = "20260103T120000Z-abc2-chaos"
+    w = trace.RunWriter(root / run_id, run_id)
+    w.add_meta({"kind": "chaos", "started_at": T0, "git_sha": "abc2", "git_dirty": False,
+                "server": "natsjs", "server_version": "", "server_cmd": "natsjs", "natsbench": "",
+                "hostname": "h", "cpu_count": 2, "cpu_model": "cpu", "python_version": "3.11",
+                "platform": "linux", "repeat": 1, "quick": False, "scenarios": "kill",
+                "params": "{}", "argv": "test"})
+    base = 1_700_000_000_000_000_000
+    s = 1_000_000_000
+    starts = [base + i * s for i in range(20)]
+    outcome = ["unknown" if 5 <= i <= 7 else "ok" for i in range(20)]
+    lat = [500_000_000 if i == 8 else 2_000_000 for i in range(20)]
+    ends = [st + la if o == "ok" else None for st, la, o in zip(starts, lat, outcome)]
+    w.add_result({"scenario": "kill", "title": "chaos: kill", "mode": "chaos",
+                  "topology": "chaos3-r3", "nodes": 3, "server": "natsjs", "repeat": 0,
+                  "slot": 0, "started_at": T0, "msgs": 20, "seconds": 20.0,
+                  "msgs_per_sec": 0.85, "received": 17, "error": None})
+    ok = [i for i in range(20) if outcome[i] == "ok"]
+    w.add_latency(np.array(ok), np.array([starts[i] for i in ok]), np.array([lat[i] for i in ok]),
+                  "kill", "natsjs", 0)
+    w.add_chaos({"scenario": "kill", "server": "natsjs", "nodes": 3, "replicas": 3, "seed": 1,
+                 "sabotage": "", "valid": True, "attempts": 20, "ok": 17, "failed": 0,
+                 "unknown": 3, "lost": 0, "lost_all": 0, "duplicated": 0, "divergent": 0,
+                 "unexpected": 0, "misplaced": 0, "order": 0, "availability": 0.85,
+                 "longest_gap_s": 4.5, "q_attempts": 0, "q_ok": 0, "q_lost": 0, "q_undelivered": 0,
+                 "q_redelivered_after_ack": 0, "q_unexpected": 0, "unrecovered": 0, "notes": ""},
+                {"scenario": ["kill"] * 20, "server": ["natsjs"] * 20, "process": ["p0"] * 20,
+                 "kind": ["publish"] * 20, "value": ["p0-%d" % i for i in range(20)],
+                 "start_unix_ns": starts, "end_unix_ns": ends, "outcome": outcome,
+                 "seq": [i + 1 if o == "ok" else -1 for i, o in enumerate(outcome)],
+                 "node": [0] * 20, "error": [""] * 20, "redelivered": [0] * 20},
+                [{"scenario": "kill", "server": "natsjs", "kind": "kill",
+                  "start_unix_ns": base + 4 * s + s // 2, "end_unix_ns": base + 8 * s + s // 2,
+                  "nodes": "n1", "detail": "random"}])
+    w.flush()
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def chaos_result(spark, tmp_path_factory, data):
+    root, _ = data
+    croot = tmp_path_factory.mktemp("chaos")
+    _write_chaos_run(croot)
+    return analyze.analyze(spark, [root, croot])
+
+
+def test_fault_section(chaos_result, result):
+    a = chaos_result
+    fig = _one(a.fault_figures, scenario="kill", server="natsjs")
+    assert fig.valid and fig.lost == 0 and fig.availability == 0.85
+    av = a.fault_availability.set_index("t_s")
+    assert av.loc[0.0, "availability"] == 1.0 and av.loc[6.0, "availability"] == 0.0
+    assert av.attempts.sum() == 20
+    calm = _one(a.fault_phases, phase="calm")
+    fault = _one(a.fault_phases, phase="fault:kill")
+    assert calm.acked == 16 and fault.acked == 1
+    assert calm.p50_ms == pytest.approx(2.0) and fault.p99_ms == pytest.approx(500.0)
+    w = _one(a.fault_windows, kind="kill")
+    assert (w.start_s, w.end_s) == (4.5, 8.5)
+    # Chaos rows stay out of the benchmark tables.
+    assert "kill" not in set(a.throughput.scenario)
+    assert len(a.throughput) == len(result.throughput)
+
+
+def test_fault_report(chaos_result, tmp_path):
+    report = analyze.write_report(chaos_result, tmp_path)
+    text = report.read_text()
+    assert "Faults: what the checker found per run" in text
+    assert (tmp_path / "faults-kill.png").exists()
