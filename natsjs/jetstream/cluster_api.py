@@ -332,13 +332,20 @@ def _leader_of(cl, sa: dict):
     return None
 
 
+def _user_config(cfg: dict) -> dict:
+    """A stream configuration less the ``_nats.*`` metadata the server adds on its own."""
+    md = {k: v for k, v in (cfg.get("metadata") or {}).items() if not k.startswith("_nats.")}
+    return dict(cfg, metadata=md)
+
+
 async def _info_when_applied(cl, acc: str, name: str, cfg: dict, timeout: float = 5.0):
-    """Stream info from the leader once it runs with ``cfg``."""
+    """Stream info from the leader once it runs with ``cfg`` (all of it: an update that
+    changes only a limit must not answer with the configuration before it)."""
+    want = _user_config(SC.config_json(cfg))
     with trio.move_on_after(timeout):
         while True:
             info = await cl.remote_stream_info(acc, name, timeout=1.0)
-            if info is not None and info["config"].get("subjects") == cfg.get("subjects") and \
-                    info["config"].get("num_replicas") == cfg.get("num_replicas"):
+            if info is not None and _user_config(info["config"]) == want:
                 return info
             await trio.sleep(0.05)
     return await cl.remote_stream_info(acc, name, timeout=1.0)
