@@ -410,6 +410,141 @@ def test_consumer_add_info_next_report_step_down_rm(cluster):
     assert cluster.cli("consumer", "ls", "WORK").stdout.strip() == "No Consumers defined"
 
 
+# ---- servers (the system user) ------------------------------------------------------------
+
+
+def test_server_ls_ping_info(cluster):
+    ls = cluster.sys("server", "ls").stdout
+    names = re.findall(r"^\| (n\d-c1) +\| C1 ", ls, re.M)
+    assert sorted(names) == ["n%d-c1" % i for i in range(1, SIZE + 1)]
+    assert "Cluster Overview" in ls and re.search(r"^\| C1 +\| 5 +\|", ls, re.M)
+    ping = cluster.sys("server", "ping").stdout
+    assert len(re.findall(r"^n\d-c1 +rtt=", ping, re.M)) == SIZE
+    assert "---- ping statistics ----\n5 replies max: " in ping
+    info = cluster.sys("server", "info", "n2-c1").stdout
+    assert info.startswith("Server information for n2-c1 (N")
+    for title in ("Process Details:", "Connection Details:", "JetStream:", "Limits:",
+                  "Statistics:", "Cluster:"):
+        assert "\n%s\n" % title in info
+    assert json.loads(cluster.sys("server", "info", "n3-c1", "--json").stdout)[
+        "server_name"] == "n3-c1"
+    # without the system user the server requests are refused in one line
+    p = cluster.cli("server", "ls", check=False)
+    assert p.returncode == 1 and p.stderr.startswith("natsjs: error: ")
+
+
+def test_server_report_jetstream(cluster):
+    out = cluster.sys("server", "report", "jetstream").stdout
+    lines = out.splitlines()
+    assert re.match(r"^\| +JetStream Summary +\|$", lines[1])
+    assert cells(out, "| Server") == ["Server", "Cluster", "Streams", "Consumers", "Messages",
+                                      "Bytes", "Memory", "File", "API Req", "API Err"]
+    rows = re.findall(r"^\| (n\d-c1\*?) +\| C1 ", out, re.M)
+    assert len(rows) == SIZE and sum(r.endswith("*") for r in rows) == 1
+    leader = [r for r in rows if r.endswith("*")][0][:-1]
+    assert re.search(r"^\| +RAFT Meta Group Information +\|$", out, re.M)
+    assert cells(out, "| Name") == ["Name", "Leader", "Current", "Offline", "Active", "Lag"]
+    meta = re.findall(r"^\| (n\d-c1) +\| (yes)? +\| (true|false) +\| (true|false) +\| "
+                      r"(\d+\.\d\ds) +\| (\d+) +\|$", out, re.M)
+    assert len(meta) == SIZE and [m[0] for m in meta if m[1] == "yes"] == [leader]
+    acct = cluster.sys("server", "report", "jetstream", "--account", "APP").stdout
+    assert "JetStream Summary for Account APP" in acct
+    js = json.loads(cluster.sys("server", "report", "jetstream", "--json").stdout)
+    assert len(js) == SIZE
+    # the raw data the documentation points at: /jsz over NATS, from the leader only
+    req = cluster.sys("server", "request", "jetstream", "--leader").stdout.splitlines()
+    assert len(req) == 1
+    data = json.loads(req[0])
+    assert data["server"]["name"] == data["data"]["meta_cluster"]["leader"] == leader
+
+
+def test_server_requests(cluster):
+    for kind in ("variables", "subscriptions", "connections", "routes", "gateways",
+                 "leafnodes", "accounts", "jetstream", "jetstream-health"):
+        lines = cluster.sys("server", "request", kind).stdout.splitlines()
+        assert len(lines) == SIZE, kind
+        names = sorted(json.loads(line)["server"]["name"] for line in lines)
+        assert names == ["n%d-c1" % i for i in range(1, SIZE + 1)], kind
+    one = cluster.sys("server", "req", "varz", "--name", "n3-c1").stdout.splitlines()
+    assert [json.loads(line)["server"]["name"] for line in one] == ["n3-c1"]
+    routes = json.loads(cluster.sys("server", "req", "routes", "1").stdout)
+    assert len({r["remote_name"] for r in routes["data"]["routes"]}) == SIZE - 1
+
+
+def test_server_check_and_reports(cluster):
+    p = cluster.sys("server", "check", "connection")
+    assert p.stdout.startswith("OK Connection OK:connected to nats://127.0.0.1:")
+    assert "| connect_time=" in p.stdout
+    p = cluster.cli("server", "check", "jetstream")
+    assert p.stdout.startswith("OK JetStream") and "replicas_ok=" in p.stdout
+    p = cluster.sys("server", "check", "meta", "--expect", "5", "--lag-critical", "100",
+                    "--seen-critical", "10s")
+    assert p.stdout.startswith("OK JetStream Meta Cluster OK:5 peers led by n")
+    bad = cluster.sys("server", "check", "meta", "--expect", "7", "--lag-critical", "100",
+                      "--seen-critical", "10s", check=False)
+    assert bad.returncode == 2 and bad.stdout.startswith("CRITICAL ")
+    cluster.cli("stream", "add", "CHECKED", "--subjects", "checked", "--replicas", "3",
+                "--defaults")
+    wait_current(cluster, "CHECKED", 3)
+    p = cluster.cli("server", "check", "stream", "--stream", "CHECKED", "--peer-expect", "3")
+    assert p.stdout.startswith("OK CHECKED OK:2 current replicas")
+    conns = cluster.sys("server", "report", "connections").stdout
+    assert "Connections per server" in conns and "| CID " in conns
+    accts = cluster.sys("server", "report", "accounts").stdout
+    assert re.search(r"\d+ Accounts Overview", accts)
+
+
+def test_server_cluster_step_down(cluster):
+    before = json.loads(cluster.sys("server", "req", "jetstream", "--leader").stdout)
+    old = before["server"]["name"]
+    p = cluster.sys("server", "cluster", "step-down")
+    assert re.search(r'^\d\d:\d\d:\d\d Requesting leader step down of "%s" in a 5 peer RAFT '
+                     r'group$' % old, p.stderr, re.M)
+    new = re.search(r'New leader elected "(n\d-c1)"', p.stderr).group(1)
+    assert new != old
+    # the documentation's older spelling
+    p = cluster.sys("server", "raft", "step-down")
+    assert re.search(r'Requesting leader step down of "%s"' % new, p.stderr)
+
+
+def test_server_cluster_peer_remove(tmp_path):
+    """A server that will never return leaves the meta group (its own small cluster:
+    the shared one keeps its five servers)."""
+    c = Cluster(tmp_path, "removal", 3)
+    try:
+        victim = c.state["servers"][2]
+        os.kill(victim["pid"], 9)
+
+        def offline():
+            out = c.sys("server", "report", "jetstream", check=False).stdout
+            return re.search(r"^\| n3-c1 +\| +\| \w+ +\| true ", out, re.M)
+        wait_until(offline, timeout=60, what="n3-c1 to show offline")
+        p = c.sys("server", "cluster", "peer-remove", "n3-c1", input="y\n")
+        assert "Removing peers is intended for peers that will not come back" in p.stdout
+        assert "Really remove offline peer n3-c1" in p.stderr
+        assert 'Removed peer "n3-c1"' in p.stderr
+
+        def gone():
+            out = c.sys("server", "report", "jetstream", check=False).stdout
+            return "| n3-c1 " not in out.split("RAFT Meta Group Information")[-1]
+        wait_until(gone, what="n3-c1 to leave the meta group")
+        missing = c.sys("server", "cluster", "peer-remove", "n9-c1", "-f", check=False)
+        assert missing.returncode == 1 and "did not find a replica named n9-c1" in missing.stderr
+    finally:
+        c.down()
+
+
+def test_account_info(cluster):
+    out = cluster.cli("account", "info").stdout
+    assert out.startswith("Account Information\n")
+    for label in ("Client ID", "Connected URL", "Connected Server Name"):
+        assert re.search(r"^ +%s: " % label, out, re.M)
+    assert "\nJetStream Account Information:\n" in out and "\nTier: Default:\n" in out
+    assert re.search(r"^ +Streams: \d+ of Unlimited$", out, re.M)
+    sys_out = cluster.sys("account", "info").stdout
+    assert "JetStream is not supported in this account" in sys_out
+
+
 # ---- core messaging -----------------------------------------------------------------------
 
 
@@ -479,3 +614,15 @@ def test_reference_stream_and_consumer_screens_match(cluster, ref_cluster):
     row = [line for line in ref["report"].splitlines() if line.startswith("| SHAPE ")][0]
     assert re.search(r"\| n\d-c1\*?, n\d-c1\*?, n\d-c1\*? +\|$", row)
     assert cells(ours["ls"], "| Name") == cells(ref["ls"], "| Name")
+    rep = {name: c.sys("server", "report", "jetstream").stdout
+           for name, c in (("natsjs", cluster), ("reference", ref_cluster))}
+    for starts in ("| Server", "| Name"):
+        assert cells(rep["natsjs"], starts) == cells(rep["reference"], starts)
+    assert len(re.findall(r"^\| n\d-c1\* ", rep["reference"], re.M)) == 1
+    acct = {name: c.cli("account", "info").stdout
+            for name, c in (("natsjs", cluster), ("reference", ref_cluster))}
+    assert labels(acct["natsjs"]) == labels(acct["reference"])
+    srv = {name: c.sys("server", "info", "n1-c1").stdout
+           for name, c in (("natsjs", cluster), ("reference", ref_cluster))}
+    assert [x for x in labels(srv["natsjs"]) if x.endswith(("Details", "Limits"))] == \
+        [x for x in labels(srv["reference"]) if x.endswith(("Details", "Limits"))]
