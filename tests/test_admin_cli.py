@@ -589,6 +589,109 @@ def test_pub_sub_request_reply(cluster):
     assert "No responders are available" in none.stderr
 
 
+# ---- key-value and object stores, backups -------------------------------------------------
+
+
+def test_kv_add_put_get_del_history_watch_ls(cluster):
+    info = cluster.cli("kv", "add", "CFG", "--history", "5", "--replicas", "3").stdout
+    assert info.startswith("Information for Key-Value Store Bucket CFG created ")
+    assert re.search(r"^ +History Kept: 5$", info, re.M)
+    assert "\nCluster Information:\n" in info
+    watcher = _spawn(cluster, "kv", "watch", "CFG", "--updates", "--count", "2")
+    try:
+        # the watch is live once its consumer exists
+        wait_until(lambda: json.loads(cluster.cli("consumer", "report", "KV_CFG",
+                                                  "--json").stdout),
+                   what="the watch consumer")
+        assert cluster.cli("kv", "put", "CFG", "a", "1").stdout == "1\n"
+        cluster.cli("kv", "put", "CFG", "a", "2")
+        out, _ = watcher.communicate(timeout=30)
+    finally:
+        watcher.kill()
+    assert re.findall(r"^\[.*\] PUT CFG > a: (\d)$", out, re.M) == ["1", "2"]
+    cluster.cli("kv", "put", "CFG", "b", "x")
+    get = cluster.cli("kv", "get", "CFG", "a").stdout
+    assert re.match(r"CFG > a revision: 2 created @ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\n\n2\n\n$",
+                    get)
+    assert cluster.cli("kv", "get", "CFG", "a", "--raw").stdout == "2\n"
+    assert cluster.cli("kv", "get", "CFG", "a", "--revision", "1", "--raw").stdout == "1\n"
+    cluster.cli("kv", "del", "CFG", "b", "-f")
+    gone = cluster.cli("kv", "get", "CFG", "b", check=False)
+    assert gone.returncode == 1 and gone.stderr == "natsjs: error: nats: key not found\n"
+    assert json.loads(cluster.cli("kv", "ls", "CFG", "--json").stdout) == ["a"]
+    hist = cluster.cli("kv", "history", "CFG", "a").stdout
+    assert re.findall(r"^\| a +\| (\d) +\| PUT ", hist, re.M) == ["1", "2"]
+    exists = cluster.cli("kv", "create", "CFG", "a", "z", check=False)
+    assert exists.returncode == 1 and "key exists" in exists.stderr
+    cluster.cli("kv", "create", "CFG", "b", "again")
+    cluster.cli("kv", "update", "CFG", "a", "3", "2")
+    stale = cluster.cli("kv", "update", "CFG", "a", "4", "2", check=False)
+    assert stale.returncode == 1 and "wrong last sequence" in stale.stderr
+    buckets = cluster.cli("kv", "ls").stdout
+    assert re.search(r"^\| CFG +\| ", buckets, re.M)
+    cluster.cli("kv", "del", "CFG", "-f")
+    assert "KV_CFG" not in cluster.cli("stream", "ls", "--names", "-a").stdout.split()
+
+
+def test_object_put_get_ls_rm(cluster, tmp_path):
+    src = tmp_path / "blob.bin"
+    src.write_bytes(os.urandom(300000))
+    info = cluster.cli("object", "add", "FILES", "--replicas", "3").stdout
+    assert info.startswith("Information for Object Store Bucket FILES created ")
+    put = cluster.cli("object", "put", "FILES", str(src), "--name", "blob").stdout
+    assert "Object information for FILES > blob" in put and re.search(r"Chunks: 3$", put, re.M)
+    out = tmp_path / "copy.bin"
+    got = cluster.cli("object", "get", "FILES", "blob", "-O", str(out)).stdout
+    assert got.startswith("Wrote: 293 KiB to %s in " % out)
+    assert out.read_bytes() == src.read_bytes()
+    ls = cluster.cli("object", "ls", "FILES").stdout
+    assert re.search(r"^\| blob +\| 293 KiB +\| ", ls, re.M)
+    meta = json.loads(cluster.cli("object", "info", "FILES", "blob", "--json").stdout)
+    assert meta["size"] == 300000 and meta["digest"].startswith("SHA-256=")
+    assert cluster.cli("object", "rm", "FILES", "blob", "-f").stdout == "Removed FILES > blob\n"
+    assert cluster.cli("object", "ls", "FILES").stdout == "No entries found\n"
+    missing = cluster.cli("object", "get", "FILES", "blob", check=False)
+    assert missing.returncode == 1 and "object not found" in missing.stderr
+
+
+def test_stream_backup_and_restore(cluster, tmp_path):
+    from conftest import start_natsjs
+    cluster.cli("stream", "add", "KEPT", "--subjects", "kept.>", "--replicas", "3",
+                "--defaults")
+    cluster.cli("pub", "-J", "kept.{{Count}}", "body {{Count}}", "--count", "20", "-q")
+    cluster.cli("consumer", "add", "KEPT", "READER", "--pull", "--defaults")
+    target = tmp_path / "backup"
+    out = cluster.cli("stream", "backup", "KEPT", str(target)).stdout
+    assert out.startswith('Starting backup of Stream "KEPT" with ')
+    assert re.search(r'Received .* compressed data in \d+ chunks for stream "KEPT" in ', out)
+    assert sorted(os.listdir(target)) == ["backup.json", "stream.tar.s2"]
+    # into a clustered natsjs the server says it cannot; into a single server it works
+    p = cluster.cli("stream", "restore", str(target), check=False)
+    assert p.returncode == 1 and "not supported" in p.stderr
+    single = start_natsjs("-js", "-sd", str(tmp_path / "single"))
+    try:
+        env = dict(cluster.env)
+        url = ["--no-context", "-s", single.url]
+        out = run_cli(env, *url, "stream", "restore", str(target), "--replicas", "1").stdout
+        assert out.startswith('Starting restore of Stream "KEPT" from file ')
+        assert 'Restored stream "KEPT" in ' in out
+        st = json.loads(run_cli(env, *url, "stream", "info", "KEPT", "--json").stdout)["state"]
+        assert st["messages"] == 20 and st["consumer_count"] == 1
+        got = run_cli(env, *url, "stream", "get", "KEPT", "7", "--json").stdout
+        assert json.loads(got)["subject"] == "kept.7"
+    finally:
+        single.stop()
+
+
+def test_sub_from_a_stream(cluster):
+    cluster.cli("stream", "add", "FEED", "--subjects", "feed.>", "--defaults")
+    for i in range(3):
+        cluster.cli("pub", "-J", "feed.%d" % i, "item %d" % i)
+    out = cluster.cli("sub", "--stream", "FEED", "feed.>", "--count", "3").stdout
+    assert re.findall(r'^\[#\d\] Received on "(feed\.\d)"$', out, re.M) == \
+        ["feed.0", "feed.1", "feed.2"]
+
+
 # ---- the same screens from the reference nats-server --------------------------------------
 
 

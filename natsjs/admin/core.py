@@ -264,50 +264,28 @@ def _show(a, msg, n: int) -> None:
 
 
 async def _sub_stream(rt, nc, subjects) -> None:
-    """``sub --stream S``: an ordered ephemeral push consumer on the stream."""
+    """``sub --stream S``: the stream's messages in order, through an ephemeral consumer."""
+    from natsjs.admin.jsapi import ordered_read
     a = rt.args
     js = await rt.js()
-    deliver = nc.new_inbox()
-    cfg = {"deliver_subject": deliver, "ack_policy": "none", "flow_control": True,
-           "idle_heartbeat": 5 * NS, "mem_storage": True, "num_replicas": 1,
-           "inactive_threshold": 5 * NS}
-    if a.start_sequence:
-        cfg.update(deliver_policy="by_start_sequence", opt_start_seq=a.start_sequence)
-    elif a.new:
-        cfg["deliver_policy"] = "new"
-    elif a.last:
-        cfg["deliver_policy"] = "last"
-    else:
-        cfg["deliver_policy"] = "all"
-    if subjects:
-        if len(subjects) == 1:
-            cfg["filter_subject"] = subjects[0]
-        else:
-            cfg["filter_subjects"] = subjects
-    done = asyncio.Event()
+    deliver = "new" if a.new else "last" if a.last else "all"
     counter = {"n": 0}
-    last = {"t": time.monotonic()}
-
-    async def on_msg(msg):
-        if msg.headers and msg.headers.get("Status") == "100":
-            if msg.reply:        # flow control
-                await nc.publish(msg.reply, b"")
-            return
-        if done.is_set():
-            return
-        counter["n"] += 1
-        last["t"] = time.monotonic()
-        _show(a, msg, counter["n"])
-        if a.count and counter["n"] >= a.count:
-            done.set()
-
-    await nc.subscribe(deliver, cb=on_msg)
-    await nc.flush()
-    await js.request("CONSUMER.CREATE." + a.stream, {"stream_name": a.stream, "config": cfg},
-                     doing="could not subscribe to stream %s" % a.stream)
     log("Subscribing to JetStream Stream %s holding messages with subject %s"
         % (q(a.stream), ", ".join(subjects) or ">"))
-    await _wait(a, done, last)
+
+    async def on_msg(m):
+        counter["n"] += 1
+        _show(a, _Msg(m.subject, m.data, m.headers), counter["n"])
+
+    await ordered_read(js, a.stream, subjects, deliver, a.start_sequence, follow=True,
+                       on_msg=on_msg, limit=a.count)
+
+
+class _Msg:
+    """What ``_show`` prints, for a message read from a stream."""
+
+    def __init__(self, subject, data, headers):
+        self.subject, self.data, self.headers, self.reply = subject, data, headers, ""
 
 
 async def request(rt) -> None:

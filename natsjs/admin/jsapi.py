@@ -165,3 +165,89 @@ async def active_servers(nc, timeout: float, trace: bool = False) -> int:
         raise
     stats = first[0].get("statsz") or {}
     return int(stats.get("active_servers") or 0)
+
+
+class StoredMsg:
+    """A message read from a stream by ``ordered_read``: its subject, body, headers
+    and the delivery facts from its ack subject."""
+
+    __slots__ = ("subject", "data", "headers", "seq", "pending", "time_ns")
+
+    def __init__(self, subject, data, headers, seq, pending, time_ns):
+        self.subject, self.data, self.headers = subject, data, headers or {}
+        self.seq, self.pending, self.time_ns = seq, pending, time_ns
+
+
+def ack_facts(reply: str) -> tuple[int, int, int] | None:
+    """(stream sequence, pending, timestamp ns) from a JetStream ack subject
+    ($JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>, or the
+    longer form with domain and account hash)."""
+    if not reply or not reply.startswith("$JS.ACK."):
+        return None
+    parts = reply.split(".")
+    base = 2 if len(parts) == 9 else 4 if len(parts) >= 12 else None
+    if base is None:
+        return None
+    try:
+        return int(parts[base + 3]), int(parts[base + 6]), int(parts[base + 5])
+    except (ValueError, IndexError):
+        return None
+
+
+async def ordered_read(js: JSApi, stream: str, subjects=None, deliver: str = "all",
+                       start_seq: int = 0, headers_only: bool = False, follow: bool = False,
+                       on_msg=None, limit: int = 0) -> list:
+    """Read a stream through an ephemeral push consumer without acks, in order: every
+    message on ``subjects`` (a list; all when empty) from ``deliver`` ("all", "new",
+    "last", "last_per_subject" or a ``start_seq``).  Without ``follow`` it returns once
+    the consumer has nothing pending; with it, it calls ``on_msg`` until cancelled (or
+    ``limit`` messages)."""
+    nc = js.nc
+    inbox = nc.new_inbox()
+    out: list = []
+    seen = [0]
+    done = asyncio.Event()
+    cfg = {"deliver_subject": inbox, "ack_policy": "none", "max_deliver": 1,
+           "flow_control": True, "idle_heartbeat": 5 * 10 ** 9, "mem_storage": True,
+           "num_replicas": 1, "inactive_threshold": 5 * 10 ** 9, "replay_policy": "instant",
+           "headers_only": headers_only}
+    if start_seq:
+        cfg.update(deliver_policy="by_start_sequence", opt_start_seq=start_seq)
+    else:
+        cfg["deliver_policy"] = deliver
+    subjects = [s for s in (subjects or []) if s]
+    if len(subjects) == 1:
+        cfg["filter_subject"] = subjects[0]
+    elif subjects:
+        cfg["filter_subjects"] = subjects
+
+    async def on_delivery(msg):
+        hdrs = msg.headers or {}
+        if not msg.reply or not msg.reply.startswith("$JS.ACK."):
+            if hdrs.get("Status") == "100" and msg.reply:   # flow control
+                await nc.publish(msg.reply, b"")
+            return
+        facts = ack_facts(msg.reply) or (0, 0, 0)
+        m = StoredMsg(msg.subject, msg.data, dict(hdrs), facts[0], facts[1], facts[2])
+        if on_msg is not None:
+            await on_msg(m)
+        else:
+            out.append(m)
+        seen[0] += 1
+        if limit and seen[0] >= limit:
+            done.set()
+        if not follow and m.pending == 0:
+            done.set()
+
+    sub = await nc.subscribe(inbox, cb=on_delivery)
+    try:
+        await nc.flush()
+        ci = await js.request("CONSUMER.CREATE." + stream,
+                              {"stream_name": stream, "config": cfg},
+                              doing="could not read stream %s" % stream)
+        if not follow and not ci.get("num_pending"):
+            return out
+        await done.wait()
+        return out
+    finally:
+        await sub.unsubscribe()
