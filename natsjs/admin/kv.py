@@ -17,7 +17,7 @@ from natsjs.admin.app import json_flag
 from natsjs.admin.errors import APIError, CLIError, q
 from natsjs.admin.jsapi import ordered_read
 from natsjs.admin.render import (Columns, Table, comma, duration, emit, ibytes,
-                                 local_rfc3339, local_time, since, NS)
+                                 local_rfc3339, local_time, print_json, since, NS)
 from natsjs.admin.stream import _bytes, _dur, add_cluster_block, decode_headers
 
 KEY_RE = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
@@ -105,14 +105,19 @@ def _op(headers: dict) -> str:
     return (headers.get("KV-Operation") or "PUT").upper()
 
 
-async def _bucket_info(rt, bucket: str) -> dict:
+async def stream_of_bucket(rt, stream: str, missing: str) -> dict:
+    """The info of a bucket's stream; ``missing`` is the error when there is none."""
     js = await rt.js()
     try:
-        return await js.request("STREAM.INFO." + _stream(bucket), None)
+        return await js.request("STREAM.INFO." + stream, None)
     except APIError as e:
         if e.err_code == 10059:
-            raise CLIError("nats: bucket not found") from None
+            raise CLIError(missing) from None
         raise
+
+
+async def _bucket_info(rt, bucket: str) -> dict:
+    return await stream_of_bucket(rt, _stream(bucket), "nats: bucket not found")
 
 
 def info_screen(bucket: str, info: dict) -> Columns:
@@ -244,7 +249,6 @@ async def get(rt) -> None:
             entry["subject"] != _subject(a.bucket, a.key):
         raise CLIError("nats: key not found")
     if a.json:
-        from natsjs.admin.render import print_json
         print_json({"bucket": a.bucket, "key": a.key, "revision": entry["seq"],
                     "created": entry["time"], "operation": "PUT",
                     "value": entry["data"].decode(errors="replace")})
@@ -300,7 +304,6 @@ async def history(rt) -> None:
     if not msgs:
         raise CLIError("nats: key not found")
     if a.json:
-        from natsjs.admin.render import print_json
         print_json([{"bucket": a.bucket, "key": a.key, "revision": m.seq,
                      "operation": _op(m.headers), "value": m.data.decode(errors="replace")}
                     for m in msgs])
@@ -352,32 +355,40 @@ async def watch(rt) -> None:
                        follow=True, on_msg=on_msg, limit=a.count)
 
 
+async def list_buckets(rt, prefix: str, title: str, empty: str, values: bool) -> None:
+    """The buckets (streams named ``prefix``...) as natscli lists them, or their names
+    with --names / --json."""
+    a = rt.args
+    js = await rt.js()
+    infos, _ = await js.paged("STREAM.LIST", "streams")
+    infos = sorted((i for i in infos if i["config"]["name"].startswith(prefix)),
+                   key=lambda i: i["config"]["name"])
+    names = [i["config"]["name"][len(prefix):] for i in infos]
+    if a.json:
+        print_json(names)
+    elif a.names:
+        for n in names:
+            print(n)
+    elif not infos:
+        print(empty)
+    else:
+        t = Table(title, ["Bucket", "Description", "Created", "Size"] +
+                  (["Values"] if values else []) + ["Last Update"])
+        for n, i in zip(names, infos):
+            st = i.get("state") or {}
+            last = st.get("last_ts")
+            row = [n, i["config"].get("description", ""), local_time(i.get("created")),
+                   ibytes(st.get("bytes", 0))] + ([st.get("messages", 0)] if values else [])
+            t.add(*row, duration(since(last)) if local_time(last) else "never")
+        t.print()
+
+
 async def ls(rt) -> None:
     a = rt.args
     js = await rt.js()
     if not a.bucket:
-        infos, _ = await js.paged("STREAM.LIST", "streams")
-        infos = [i for i in infos if i["config"]["name"].startswith("KV_")]
-        if a.json:
-            from natsjs.admin.render import print_json
-            print_json([i["config"]["name"][3:] for i in infos])
-            return
-        if a.names:
-            for i in infos:
-                print(i["config"]["name"][3:])
-            return
-        if not infos:
-            print("No Key-Value buckets found")
-            return
-        t = Table("Key-Value Buckets", ["Bucket", "Description", "Created", "Size", "Values",
-                                        "Last Update"])
-        for i in sorted(infos, key=lambda i: i["config"]["name"]):
-            st = i.get("state") or {}
-            t.add(i["config"]["name"][3:], i["config"].get("description", ""),
-                  local_time(i.get("created")), ibytes(st.get("bytes", 0)),
-                  st.get("messages", 0), duration(since(st.get("last_ts")))
-                  if local_time(st.get("last_ts")) else "never")
-        t.print()
+        await list_buckets(rt, "KV_", "Key-Value Buckets", "No Key-Value buckets found",
+                           values=True)
         return
     await _bucket_info(rt, a.bucket)
     msgs = await ordered_read(js, _stream(a.bucket), ["$KV.%s.>" % a.bucket],
@@ -385,7 +396,6 @@ async def ls(rt) -> None:
     live = [m for m in msgs if _op(m.headers) == "PUT"]
     keys = [m.subject.split(".", 2)[2] for m in live]
     if a.json:
-        from natsjs.admin.render import print_json
         print_json(keys)
         return
     if a.names:

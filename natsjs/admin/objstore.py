@@ -20,10 +20,10 @@ from natsjs.admin import prompt
 from natsjs.admin.app import json_flag
 from natsjs.admin.errors import APIError, CLIError, q
 from natsjs.admin.jsapi import ordered_read
-from natsjs.admin.kv import BUCKET_RE, _publish
+from natsjs.admin.kv import BUCKET_RE, _publish, list_buckets, stream_of_bucket
 from natsjs.admin.render import (Columns, Table, duration, emit, go_duration, ibytes,
-                                 local_rfc3339, local_time, print_json, since, NS)
-from natsjs.admin.stream import _bytes, _dur, add_cluster_block, decode_headers
+                                 local_rfc3339, local_time, print_json, NS)
+from natsjs.admin.stream import _bytes, _dur, add_cluster_block
 
 CHUNK = 128 * 1024
 
@@ -111,13 +111,7 @@ def object_screen(meta: dict) -> Columns:
 
 
 async def _bucket_info(rt, bucket: str) -> dict:
-    js = await rt.js()
-    try:
-        return await js.request("STREAM.INFO." + _stream(bucket), None)
-    except APIError as e:
-        if e.err_code == 10059:
-            raise CLIError("nats: object store not found") from None
-        raise
+    return await stream_of_bucket(rt, _stream(bucket), "nats: object store not found")
 
 
 async def add(rt) -> None:
@@ -292,27 +286,9 @@ async def _objects(rt, bucket: str) -> list[dict]:
 
 async def ls(rt) -> None:
     a = rt.args
-    js = await rt.js()
     if not a.bucket:
-        infos, _ = await js.paged("STREAM.LIST", "streams")
-        infos = [i for i in infos if i["config"]["name"].startswith("OBJ_")]
-        if a.json:
-            print_json([i["config"]["name"][4:] for i in infos])
-        elif a.names:
-            for i in infos:
-                print(i["config"]["name"][4:])
-        elif not infos:
-            print("No Object Store buckets found")
-        else:
-            t = Table("Object Store Buckets", ["Bucket", "Description", "Created", "Size",
-                                               "Last Update"])
-            for i in sorted(infos, key=lambda i: i["config"]["name"]):
-                st = i.get("state") or {}
-                t.add(i["config"]["name"][4:], i["config"].get("description", ""),
-                      local_time(i.get("created")), ibytes(st.get("bytes", 0)),
-                      duration(since(st.get("last_ts"))) if local_time(st.get("last_ts"))
-                      else "never")
-            t.print()
+        await list_buckets(rt, "OBJ_", "Object Store Buckets", "No Object Store buckets found",
+                           values=False)
         return
     await _bucket_info(rt, a.bucket)
     objs = await _objects(rt, a.bucket)
