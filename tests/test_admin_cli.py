@@ -692,6 +692,34 @@ def test_sub_from_a_stream(cluster):
         ["feed.0", "feed.1", "feed.2"]
 
 
+def test_bench_core_and_jetstream(cluster, tmp_path):
+    sub = _spawn(cluster, "bench", "sub", "bench.core", "--msgs", "2000", "--clients", "2")
+    try:
+        _wait_line(sub, r"Waiting for 2,000 messages on bench\.core")
+        p = cluster.cli("bench", "pub", "bench.core", "--msgs", "2000", "--size", "64")
+        out, _ = sub.communicate(timeout=60)
+    finally:
+        sub.kill()
+    assert re.search(r"Starting Core NATS publisher benchmark \[clients=1, msg-size=64 B, "
+                     r"msgs=2,000, sleep=0s, subject=bench\.core\]", p.stderr)
+    assert re.match(r"\nNATS Core NATS publisher stats: [\d,]+ msgs/sec ~ [\d.]+ \w?i?B/sec\n",
+                    p.stdout)
+    assert len(re.findall(r"^  \[\d\] [\d,]+ msgs/sec .* \(2,000 msgs\)$", out, re.M)) == 2
+    assert "NATS Core NATS subscriber aggregated stats: " in out
+    csv = tmp_path / "sync.csv"
+    p = cluster.cli("bench", "js", "pub", "sync", "bench.js", "--create", "--replicas", "3",
+                    "--msgs", "200", "--purge", "--csv", str(csv))
+    assert "NATS JetStream synchronous publisher stats: " in p.stdout and " ~ P99: " in p.stdout
+    assert csv.read_text().count("\n") == 2
+    p = cluster.cli("bench", "js", "pub", "async", "bench.js", "--msgs", "1000", "--batch",
+                    "100", "--clients", "2")
+    assert "NATS JetStream asynchronous publisher aggregated stats: " in p.stdout
+    assert json.loads(cluster.cli("stream", "info", "benchstream", "--json").stdout)[
+        "state"]["messages"] == 1200
+    p = cluster.cli("bench", "js", "ordered", "--msgs", "1200")
+    assert "NATS JetStream ordered ephemeral consumer stats: " in p.stdout
+
+
 # ---- the same screens from the reference nats-server --------------------------------------
 
 
