@@ -301,6 +301,17 @@ def _js_extra(a) -> dict:
     return out
 
 
+async def _publishers(rt, kind: str):
+    """The stream ready, the banner out, one connection and share of messages each."""
+    a = rt.args
+    a.clients = max(1, min(a.clients, a.msgs))
+    await _prepare_stream(rt, a)
+    _banner(kind, a, _js_extra(a))
+    shares = _shares(a.msgs, a.clients)
+    conns = await _connections(rt, a.clients)
+    return a, b"\0" * _size(a), shares, conns, Progress(a.progress, shares)
+
+
 def _check_ack(data: bytes) -> None:
     try:
         ack = json.loads(data)
@@ -312,14 +323,7 @@ def _check_ack(data: bytes) -> None:
 
 async def js_pub_sync(rt) -> None:
     import nats.errors
-    a = rt.args
-    a.clients = max(1, min(a.clients, a.msgs))
-    await _prepare_stream(rt, a)
-    _banner("jspubsync", a, _js_extra(a))
-    payload = b"\0" * _size(a)
-    shares = _shares(a.msgs, a.clients)
-    conns = await _connections(rt, a.clients)
-    progress = Progress(a.progress, shares)
+    a, payload, shares, conns, progress = await _publishers(rt, "jspubsync")
     pause = _sleep(a)
 
     async def client(i, nc):
@@ -343,14 +347,7 @@ async def js_pub_sync(rt) -> None:
 
 
 async def js_pub_async(rt) -> None:
-    a = rt.args
-    a.clients = max(1, min(a.clients, a.msgs))
-    await _prepare_stream(rt, a)
-    _banner("jspubasync", a, _js_extra(a))
-    payload = b"\0" * _size(a)
-    shares = _shares(a.msgs, a.clients)
-    conns = await _connections(rt, a.clients)
-    progress = Progress(a.progress, shares)
+    a, payload, shares, conns, progress = await _publishers(rt, "jspubasync")
     batch = max(1, a.batch)
 
     async def client(i, nc):
