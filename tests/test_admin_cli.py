@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -151,6 +152,33 @@ def test_cluster_down_stops_every_server(tmp_path):
     wait_until(gone, what="servers to exit")
     again = run_cli(c.env, "cluster", "down", "--data", c.data, check=False)
     assert again.returncode == 1 and again.stderr.startswith("natsjs: error: no cluster")
+
+
+def test_cluster_up_in_the_foreground_stops_on_ctrl_c(tmp_path):
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    data = str(tmp_path / "fg")
+    proc = subprocess.Popen(CLI + ["cluster", "up", "--size", "2", "--data", data, "--port",
+                                   "0", "--wait", "90"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            stdin=subprocess.DEVNULL)
+    try:
+        lines = []
+        while not lines or lines[-1] != "Press Ctrl-C to stop the cluster\n":
+            line = proc.stdout.readline()
+            assert line, "cluster up ended early: %s %s" % ("".join(lines), proc.stderr.read())
+            lines.append(line)
+        assert lines[0] == "Cluster C1 is up: 2 servers, full mesh\n"
+        with open(os.path.join(data, "cluster.json")) as f:
+            pids = [srv["pid"] for srv in json.load(f)["servers"]]
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Stopping 2 servers" in out
+    assert not os.path.exists(os.path.join(data, "cluster.json"))
+    for pid in pids:
+        assert not os.path.exists("/proc/%d" % pid) or \
+            open("/proc/%d/stat" % pid).read().split(")")[-1].split()[0] == "Z"
 
 
 # ---- connection options and contexts ------------------------------------------------------
