@@ -83,6 +83,7 @@ import h11
 import trio
 
 from natsjs._core.sublist import subject_matches, valid_literal_subject
+from natsjs.jetstream.jstime import go_uptime  # noqa: F401  (server.py takes it from here)
 
 MAX_REQUEST = 64 * 1024
 REQUEST_TIMEOUT = 10.0
@@ -221,23 +222,6 @@ def rfc3339(ts: float) -> str:
     if us:
         out += ("." + "%06d" % us).rstrip("0")
     return out + "Z"
-
-
-def go_uptime(seconds: float) -> str:
-    """nats-server's myUptime: 1y2d3h4m5s, every unit below the largest shown."""
-    t = max(int(seconds), 0)
-    mins, hrs = t // 60, t // 3600
-    days = hrs // 24
-    yrs = days // 365
-    if yrs:
-        return "%dy%dd%dh%dm%ds" % (yrs, days % 365, hrs % 24, mins % 60, t % 60)
-    if days:
-        return "%dd%dh%dm%ds" % (days, hrs % 24, mins % 60, t % 60)
-    if hrs:
-        return "%dh%dm%ds" % (hrs, mins % 60, t % 60)
-    if mins:
-        return "%dm%ds" % (mins, t % 60)
-    return "%ds" % t
 
 
 def _frac(value: int, unit: int) -> str:

@@ -6,6 +6,11 @@ reply subject with ``{"server": {...}, "data": {...}}`` (``statsz`` for the plai
 PING), the shapes of nats-server's server/events.go (ServerAPIResponse,
 ServerStatsMsg).  The handlers are internal subscriptions in the system account, so
 the request reaches them through the same sublist as client traffic.
+
+As in events.go zReq, a request may carry the EventFilterOptions (``server_name``,
+``cluster``, ``host``, ``exact_match``, ``tags``, ``domain``): a server they do not
+match stays silent, and so does a server that is not the meta leader when ``JSZ``
+asks for ``leader_only``.  The admin CLI (``natsjs server ...``) relies on both.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ def _server_info(server) -> dict:
         "name": server.name,
         "host": server.opts.host,
         "id": server.server_id,
+        "cluster": server.cluster.name if getattr(server, "cluster", None) is not None else "",
         "ver": NATS_VERSION,
         "jetstream": server.jetstream is not None,
         "flags": 0,
@@ -29,8 +35,26 @@ def _server_info(server) -> dict:
     }
 
 
+def _route_stats(server) -> tuple[list, int]:
+    """statsz ``routes`` (one per route connection, as RouteStat) and how many servers
+    are known: the distinct peers plus this one (events.go ActiveServers)."""
+    routes, peers = [], set()
+    for r in server.routes:
+        name = getattr(r, "remote_name", "") or ""
+        peers.add(getattr(r, "remote_id", "") or name)
+        routes.append({"rid": r.cid, "name": name,
+                       "sent": {"msgs": getattr(r, "out_msgs", 0) or 0,
+                                "bytes": getattr(r, "out_bytes", 0) or 0},
+                       "received": {"msgs": getattr(r, "in_msgs", 0) or 0,
+                                    "bytes": getattr(r, "in_bytes", 0) or 0},
+                       "pending": 0})
+    peers.discard("")
+    return routes, len(peers) + 1
+
+
 def statsz(server) -> dict:
     v = server.varz()
+    routes, active = _route_stats(server)
     return {
         "start": v["start"],
         "mem": v["mem"],
@@ -43,6 +67,8 @@ def statsz(server) -> dict:
         "sent": {"msgs": v["out_msgs"], "bytes": v["out_bytes"]},
         "received": {"msgs": v["in_msgs"], "bytes": v["in_bytes"]},
         "slow_consumers": v["slow_consumers"],
+        "routes": routes,
+        "active_servers": active,
     }
 
 
@@ -57,14 +83,28 @@ def _monitor(path):
     return get
 
 
+def _healthz(server, query):
+    # the health status is the answer whether healthy or not (events.go HEALTHZ)
+    from natsjs import monitor
+    _status, body = monitor.ENDPOINTS["/healthz"](server, query)
+    return body
+
+
+def _idz(server, query):
+    return {"name": server.name, "host": server.opts.host, "id": server.server_id}
+
+
 KINDS = {
     "VARZ": lambda server, q: server.varz(),
     "STATSZ": lambda server, q: statsz(server),
-    "HEALTHZ": lambda server, q: {"status": "ok"},
+    "HEALTHZ": _healthz,
+    "IDZ": _idz,
     "CONNZ": _monitor("/connz"),
     "SUBSZ": _monitor("/subsz"),
     "ACCOUNTZ": _monitor("/accountz"),
     "ROUTEZ": _monitor("/routez"),
+    "GATEWAYZ": _monitor("/gatewayz"),
+    "LEAFZ": _monitor("/leafz"),
     "JSZ": _monitor("/jsz"),
 }
 
@@ -72,6 +112,11 @@ KINDS = {
 # The JSON option names of $SYS requests (server/monitor.go ConnzOptions and friends)
 # -> the HTTP query the monitor handlers take.
 _STATES = {0: "open", 1: "closed", 2: "all"}
+# JSON option names whose HTTP parameter is spelled otherwise (server/monitor.go
+# JSzOptions json tags against the /jsz query parameters).
+_RENAMED = {"consumer": "consumers", "leader_only": "leader-only", "raft": "raft",
+            "stream_leader_only": "stream-leader-only", "direct_consumer": "direct-consumers"}
+_FILTER_KEYS = ("server_name", "cluster", "host", "exact_match", "tags", "domain")
 
 
 def _query_from_options(opts: dict) -> dict:
@@ -85,11 +130,39 @@ def _query_from_options(opts: dict) -> dict:
             query["state"] = _STATES.get(v, str(v))
         elif k in ("account", "acc"):
             query["acc"] = str(v)
+        elif k in _FILTER_KEYS:
+            continue
+        elif k in _RENAMED:
+            query[_RENAMED[k]] = "true" if v is True else "false" if v is False else str(v)
         elif isinstance(v, bool):
             query[k] = "true" if v else "false"
         elif v is not None:
             query[k] = str(v)
     return query
+
+
+def filtered(server, opts: dict) -> bool:
+    """events.go filterRequest: True when the request's filters exclude this server."""
+    name, host = server.name or "", server.opts.host or ""
+    cluster = server.cluster.name if getattr(server, "cluster", None) is not None else ""
+    want = [(opts.get("server_name") or "", name), (opts.get("host") or "", host),
+            (opts.get("cluster") or "", cluster)]
+    for given, mine in want:
+        if given and (given != mine if opts.get("exact_match") else given not in mine):
+            return True
+    if opts.get("tags"):
+        return True             # natsjs servers carry no tags
+    if opts.get("domain"):
+        return True             # nor a JetStream domain
+    return False
+
+
+def _not_leader(server) -> bool:
+    js = getattr(server, "jetstream", None)
+    cluster = getattr(js, "cluster", None) if js is not None else None
+    if cluster is None or getattr(cluster, "meta", None) is None:
+        return False
+    return not cluster.meta.is_leader()
 
 
 def _handler(server, kind):
@@ -102,11 +175,17 @@ def _handler(server, kind):
             try:
                 opts = json.loads(body)
                 if isinstance(opts, dict):
+                    if filtered(server, opts):
+                        return
+                    if kind == "JSZ" and opts.get("leader_only") and _not_leader(server):
+                        return
                     query = _query_from_options(opts)
             except ValueError:
                 pass
         if kind is None:
             resp = {"server": _server_info(server), "statsz": statsz(server)}
+        elif kind == "IDZ":      # answered bare, not as a ServerAPIResponse
+            resp = _idz(server, query)
         else:
             resp = {"server": _server_info(server), "data": KINDS[kind](server, query)}
         server.deliver(server.system_account, reply, None,

@@ -735,7 +735,7 @@ class JetStreamCluster:
                 entry["offline"] = True
             active = pi.get("active")
             if active is not None:
-                entry["active"] = int(active * 1e9)
+                entry["active"] = _active_ns(active)
             if pi.get("lag"):
                 entry["lag"] = pi["lag"]
             replicas.append(entry)
@@ -764,7 +764,7 @@ class JetStreamCluster:
             if not self.online(p):
                 entry["offline"] = True
             if pi.get("active") is not None:
-                entry["active"] = int(pi["active"] * 1e9)
+                entry["active"] = _active_ns(pi["active"])
             if pi.get("lag"):
                 entry["lag"] = pi["lag"]
             replicas.append(entry)
@@ -831,3 +831,10 @@ class JetStreamCluster:
 
 
 __all__ = ["JetStreamCluster", "peer_id", "group_name", "rfc3339_nano"]
+
+
+def _active_ns(seconds: float) -> int:
+    """A peer's ``active`` in nanoseconds.  The Raft clock moves in ticks, so a peer
+    heard within the current tick is 0 s ago; nats-server (time.Since) never says 0 for
+    a peer it heard, and clients (natscli, natsjs) print 0 as 'not seen'."""
+    return max(int(seconds * 1e9), 1)

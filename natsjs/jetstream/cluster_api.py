@@ -45,18 +45,19 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
     kind = op[1] if n > 1 else ""
 
     # ---- one stream's own requests: its leader answers ----------------------------------
-    if head == "STREAM" and ((n == 3 and kind in ("INFO", "PURGE")) or
+    if head == "STREAM" and ((n == 3 and kind in ("INFO", "PURGE", "SNAPSHOT")) or
                              (n == 4 and kind == "MSG") or
                              (n == 4 and kind == "LEADER")):
         name = op[-1]
         rep = cl.stream_replica(acc, name)
         if rep is not None and rep.is_leader():
-            return await _stream_request(api, jsa, rep, op, body)
+            return await _stream_request(api, jsa, rep, op, body, hdr)
         if _electing_here(cl, rep):
             api.park(rep)
             return None
         if cl.is_meta_leader() and ("%s %s" % (acc, name)) not in cl.state.streams:
             rtype = {"INFO": "stream_info_response", "PURGE": "stream_purge_response",
+                     "SNAPSHOT": "stream_snapshot_response",
                      "MSG": "stream_msg_get_response" if op[2] == "GET"
                      else "stream_msg_delete_response",
                      "LEADER": "stream_leader_stepdown_response"}[kind]
@@ -108,6 +109,11 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
             return await _stream_page(api, jsa, body, kind == "LIST")
         if kind == "PEER" and n == 4 and op[2] == "REMOVE":
             return await _peer_remove(api, jsa, op[3], body)
+        if kind == "RESTORE" and n == 3:
+            # say so rather than leave the client to time out
+            return _err("stream_restore_response", ApiError.of(
+                "JSStreamRestoreErrF", err="restoring into a clustered JetStream is not "
+                                           "supported by natsjs yet"))
     if head == "CONSUMER":
         if kind == "CREATE" and n == 3:
             return await _consumer_create(api, jsa, op[2], None, None, body, reply, "ephemeral")
@@ -165,11 +171,16 @@ def _step_down(rep, rtype: str) -> dict:
     return {"type": T + rtype, "success": True}
 
 
-async def _stream_request(api, jsa, rep, op: list, body: bytes):
+async def _stream_request(api, jsa, rep, op: list, body: bytes, hdr=None):
     kind = op[1]
     name = rep.name
     if kind == "INFO":
         return api.stream_info(jsa, name, body)
+    if kind == "SNAPSHOT":
+        # the leader holds every committed message: it sends the archive as a single
+        # server does (snapshot.py)
+        from natsjs.jetstream import snapshot
+        return snapshot.snapshot_request(api, jsa, name, hdr, body)
     if kind == "LEADER":
         return _step_down(rep, "stream_leader_stepdown_response")
     if kind == "PURGE":
@@ -371,13 +382,20 @@ def _leader_of(cl, sa: dict):
     return None
 
 
+def _user_config(cfg: dict) -> dict:
+    """A stream configuration less the ``_nats.*`` metadata the server adds on its own."""
+    md = {k: v for k, v in (cfg.get("metadata") or {}).items() if not k.startswith("_nats.")}
+    return dict(cfg, metadata=md)
+
+
 async def _info_when_applied(cl, acc: str, name: str, cfg: dict, timeout: float = 5.0):
-    """Stream info from the leader once it runs with ``cfg``."""
+    """Stream info from the leader once it runs with ``cfg`` (all of it: an update that
+    changes only a limit must not answer with the configuration before it)."""
+    want = _user_config(SC.config_json(cfg))
     with trio.move_on_after(timeout):
         while True:
             info = await cl.remote_stream_info(acc, name, timeout=1.0)
-            if info is not None and info["config"].get("subjects") == cfg.get("subjects") and \
-                    info["config"].get("num_replicas") == cfg.get("num_replicas"):
+            if info is not None and _user_config(info["config"]) == want:
                 return info
             await trio.sleep(0.05)
     return await cl.remote_stream_info(acc, name, timeout=1.0)

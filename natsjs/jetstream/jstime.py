@@ -74,3 +74,20 @@ def parse_go_duration(text: str) -> int:
         total += float(m.group(1)) * _UNITS[m.group(2)]
         pos = m.end()
     return sign * int(round(total))
+
+
+def go_uptime(seconds: float) -> str:
+    """nats-server's myUptime: 1y2d3h4m5s, every unit below the largest shown."""
+    t = max(int(seconds), 0)
+    mins, hrs = t // 60, t // 3600
+    days = hrs // 24
+    yrs = days // 365
+    if yrs:
+        return "%dy%dd%dh%dm%ds" % (yrs, days % 365, hrs % 24, mins % 60, t % 60)
+    if days:
+        return "%dd%dh%dm%ds" % (days, hrs % 24, mins % 60, t % 60)
+    if hrs:
+        return "%dh%dm%ds" % (hrs, mins % 60, t % 60)
+    if mins:
+        return "%dm%ds" % (mins, t % 60)
+    return "%ds" % t

@@ -1,0 +1,787 @@
+"""The ``natsjs`` admin CLI, run as a user runs it: a subprocess per command against a
+real five-server natsjs cluster that ``natsjs cluster up`` started (the documentation's
+JetStream clustering administration section, command by command), and the read
+commands again against a cluster of the reference nats-server started the same way,
+to show that both give the same screens.
+
+One cluster of each kind is shared by the module; tests that change leadership or
+membership use their own streams so they do not disturb the others.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import reference_server_binary
+
+CLI = [sys.executable, "-m", "natsjs.admin"]
+SIZE = 5
+
+
+def run_cli(env, *args, input=None, check=True, timeout=60):
+    p = subprocess.run(CLI + list(args), input=input, capture_output=True, text=True,
+                       env=env, timeout=timeout,
+                       stdin=subprocess.DEVNULL if input is None else None)
+    if check and p.returncode != 0:
+        raise AssertionError("natsjs %s failed (%d):\nstdout:\n%s\nstderr:\n%s"
+                             % (" ".join(args), p.returncode, p.stdout, p.stderr))
+    return p
+
+
+def wait_until(fn, timeout=30.0, interval=0.1, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for %s" % what)
+        time.sleep(interval)
+
+
+class Cluster:
+    """A cluster started by ``natsjs cluster up --background`` and the environment
+    (a private config folder holding its contexts) to reach it."""
+
+    def __init__(self, base, name, size, binary=""):
+        self.data = str(base / name)
+        self.env = dict(os.environ, XDG_CONFIG_HOME=str(base / (name + "-config")),
+                        NO_COLOR="1")
+        for k in list(self.env):
+            if k.startswith("NATS_"):
+                del self.env[k]
+        args = ["cluster", "up", "--size", str(size), "--jetstream", "--data", self.data,
+                "--port", "0", "--background", "--name", "c", "--wait", "90"]
+        if binary:
+            args += ["--server-binary", binary]
+        self.up = run_cli(self.env, *args, timeout=120)
+        with open(os.path.join(self.data, "cluster.json")) as f:
+            self.state = json.load(f)
+
+    def cli(self, *args, **kw):
+        return run_cli(self.env, "--context", "c", *args, **kw)
+
+    def sys(self, *args, **kw):
+        return run_cli(self.env, "--context", "c-sys", *args, **kw)
+
+    def down(self):
+        run_cli(self.env, "cluster", "down", "--data", self.data, check=False, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("admin"), "natsjs", SIZE)
+    yield c
+    c.down()
+
+
+@pytest.fixture(scope="module")
+def ref_cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("admin-ref"), "reference", 3,
+                binary=reference_server_binary())
+    yield c
+    c.down()
+
+
+def labels(screen: str) -> list[str]:
+    """The row labels and section titles of an info screen, in order."""
+    out = []
+    for line in screen.splitlines():
+        m = re.match(r"^\s*([A-Z][\w .'/-]*?):(?: |$)", line)
+        if m:
+            out.append(m.group(1))
+    return out
+
+
+def cells(table: str, starts: str) -> list[str]:
+    """The cells of the first table row that starts with ``starts``."""
+    row = [line for line in table.splitlines() if line.startswith(starts)][0]
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def stream_json(c, name):
+    return json.loads(c.cli("stream", "info", name, "--json").stdout)
+
+
+def wait_current(c, name, replicas):
+    """Until every follower of the stream is current (as the documentation shows)."""
+    def ok():
+        cl = stream_json(c, name).get("cluster") or {}
+        reps = cl.get("replicas") or []
+        return cl.get("leader") and len(reps) == replicas - 1 and \
+            all(r.get("current") and r.get("active") for r in reps)
+    wait_until(ok, what="current replicas of %s" % name)
+
+
+# ---- cluster up / down --------------------------------------------------------------------
+
+
+def test_cluster_up_writes_the_documentation_configuration(cluster):
+    out = cluster.up.stdout
+    assert "Cluster C1 is up: 5 servers with JetStream, meta leader n" in out
+    for i in range(1, SIZE + 1):
+        assert re.search(r"^  n%d-c1  nats://127\.0\.0\.1:\d+" % i, out, re.M)
+    with open(os.path.join(cluster.data, "n2-c1.conf")) as f:
+        conf = f.read()
+    assert "server_name: n2-c1" in conf
+    assert re.search(r"\$SYS \{\s+users = \[\s+\{ user: \"admin\",\s+pass: \"\$2[aby]\$11\$",
+                     conf)
+    assert "name: C1" in conf and conf.count("nats://127.0.0.1:") == SIZE
+    status = run_cli(cluster.env, "cluster", "status", "--data", cluster.data).stdout
+    assert status.count("| yes ") == SIZE
+
+
+def test_cluster_down_stops_every_server(tmp_path):
+    c = Cluster(tmp_path, "small", 1)
+    pids = [s["pid"] for s in c.state["servers"]]
+    assert pids and all(os.path.exists("/proc/%d" % p) for p in pids)
+    out = run_cli(c.env, "cluster", "down", "--data", c.data).stdout
+    assert "Stopped 1 of 1 servers" in out
+
+    def gone():
+        return all(not os.path.exists("/proc/%d" % p) or
+                   open("/proc/%d/stat" % p).read().split(")")[-1].split()[0] == "Z"
+                   for p in pids)
+    wait_until(gone, what="servers to exit")
+    again = run_cli(c.env, "cluster", "down", "--data", c.data, check=False)
+    assert again.returncode == 1 and again.stderr.startswith("natsjs: error: no cluster")
+
+
+def test_cluster_up_in_the_foreground_stops_on_ctrl_c(tmp_path):
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    data = str(tmp_path / "fg")
+    proc = subprocess.Popen(CLI + ["cluster", "up", "--size", "2", "--data", data, "--port",
+                                   "0", "--wait", "90"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            stdin=subprocess.DEVNULL)
+    try:
+        lines = []
+        while not lines or lines[-1] != "Press Ctrl-C to stop the cluster\n":
+            line = proc.stdout.readline()
+            assert line, "cluster up ended early: %s %s" % ("".join(lines), proc.stderr.read())
+            lines.append(line)
+        assert lines[0] == "Cluster C1 is up: 2 servers, full mesh\n"
+        with open(os.path.join(data, "cluster.json")) as f:
+            pids = [srv["pid"] for srv in json.load(f)["servers"]]
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Stopping 2 servers" in out
+    assert not os.path.exists(os.path.join(data, "cluster.json"))
+    for pid in pids:
+        assert not os.path.exists("/proc/%d" % pid) or \
+            open("/proc/%d/stat" % pid).read().split(")")[-1].split()[0] == "Z"
+
+
+# ---- connection options and contexts ------------------------------------------------------
+
+
+def test_contexts_add_select_ls_info_rm(cluster, tmp_path):
+    env = dict(cluster.env, XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    url = "nats://127.0.0.1:%d" % cluster.state["servers"][1]["port"]
+    out = run_cli(env, "context", "add", "two", "--server", url, "--user", "app",
+                  "--password", "app", "--description", "second server").stdout
+    assert 'NATS Configuration Context "two"' in out and "Server URLs: " + url in out
+    assert "Password: ***" in out
+    run_cli(env, "context", "add", "other", "-s", "nats://127.0.0.1:1")
+    ls = run_cli(env, "context", "ls").stdout
+    assert "| two " in ls and "| other " in ls and "*" not in ls
+    run_cli(env, "context", "select", "two")
+    ls = run_cli(env, "context", "ls").stdout
+    assert "| two*" in ls
+    names = run_cli(env, "context", "ls", "--names").stdout.split()
+    assert names == ["other", "two"]
+    with open(tmp_path / "cfg" / "natsjs" / "context" / "two.json") as f:
+        saved = json.load(f)
+    assert saved["url"] == url and saved["user"] == "app" and saved["password"] == "app"
+    # the selected context is used with no flags at all
+    info = run_cli(env, "account", "info", "--json")
+    assert json.loads(info.stdout)["type"].endswith("account_info_response")
+    # a flag beats the context, the environment beats the context, --context picks one
+    bad = run_cli(env, "-s", "nats://127.0.0.1:1", "stream", "ls", check=False)
+    assert bad.returncode == 1 and "could not connect to nats://127.0.0.1:1" in bad.stderr
+    bad = run_cli(dict(env, NATS_URL="nats://127.0.0.1:1"), "stream", "ls", check=False)
+    assert bad.returncode == 1 and "nats://127.0.0.1:1" in bad.stderr
+    bad = run_cli(env, "--context", "other", "stream", "ls", check=False)
+    assert bad.returncode == 1
+    ok = run_cli(dict(env, NATS_CONTEXT="two"), "stream", "ls")
+    assert ok.returncode == 0
+    # removing the selected context needs --force
+    rm = run_cli(env, "context", "rm", "two", check=False)
+    assert rm.returncode == 1 and "cannot remove the selected context" in rm.stderr
+    run_cli(env, "context", "rm", "two", "--force")
+    assert run_cli(env, "context", "ls", "--names").stdout.split() == ["other"]
+    unknown = run_cli(env, "--context", "nope", "stream", "ls", check=False)
+    assert unknown.returncode == 1 and 'unknown context "nope"' in unknown.stderr
+
+
+def test_user_password_and_env_credentials(cluster):
+    url = "nats://127.0.0.1:%d" % cluster.state["servers"][0]["port"]
+    pw = cluster.state["sys_password"]
+    env = dict(cluster.env)
+    out = run_cli(env, "-s", url, "--user", "admin", "--password", pw, "server", "ls", "5")
+    assert "n1-c1" in out.stdout
+    out = run_cli(dict(env, NATS_URL=url, NATS_USER="admin", NATS_PASSWORD=pw),
+                  "server", "ls", "5")
+    assert "n5-c1" in out.stdout
+    bad = run_cli(env, "-s", url, "--user", "admin", "--password", "wrong", "server", "ls",
+                  check=False)
+    assert bad.returncode == 1
+    assert bad.stderr.strip().count("\n") == 0 and "Authorization Violation" in bad.stderr
+
+
+def test_errors_are_one_line_without_traceback(cluster):
+    for args in (["stream", "info", "NOPE"], ["-s", "nats://127.0.0.1:1", "stream", "ls"],
+                 ["--timeout", "bogus", "stream", "ls"], ["stream", "add"],
+                 ["consumer", "info", "NOPE", "X"], ["stream", "frobnicate"]):
+        p = cluster.cli(*args, check=False)
+        assert p.returncode != 0, args
+        assert "Traceback" not in p.stderr, args
+        assert len(p.stderr.strip().splitlines()) == 1 or args == ["stream", "add"], \
+            (args, p.stderr)
+        assert p.stderr.strip().splitlines()[-1].startswith("natsjs: error: "), (args, p.stderr)
+    p = cluster.cli("stream", "info", "NOPE", check=False)
+    assert p.stderr == "natsjs: error: could not request Stream info: stream not found " \
+                       "(10059)\n"
+
+
+# ---- streams: the administration section --------------------------------------------------
+
+REPLICA_RE = re.compile(r"^              Replica: n\d-c1, current, seen \d+\.\d\ds ago$", re.M)
+
+
+def test_stream_add_with_replicas_shows_cluster_information(cluster):
+    out = cluster.cli("stream", "add", "ORDERS", "--subjects", "ORDERS.*", "--replicas", "3",
+                      "--defaults").stdout
+    assert out.startswith("Stream ORDERS was created\n\nInformation for Stream ORDERS created ")
+    assert re.search(r"created \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d\n", out)
+    assert "\nConfiguration:\n\n" in out
+    assert "\n             Replicas: 3\n" in out
+    assert "\nCluster Information:\n\n                 Name: C1\n" in out
+    assert re.search(r"^               Leader: n\d-c1$", out, re.M)
+    wait_current(cluster, "ORDERS", 3)
+    info = cluster.cli("stream", "info", "ORDERS").stdout
+    assert len(REPLICA_RE.findall(info)) == 2, info
+    leader = re.search(r"Leader: (n\d-c1)", info).group(1)
+    replicas = re.findall(r"Replica: (n\d-c1)", info)
+    assert len({leader, *replicas}) == 3
+    # every label lines up as the documentation prints them
+    for line in info.splitlines():
+        if ": " in line and not line.startswith("Information"):
+            assert line.index(": ") == 21, line
+
+
+def test_stream_add_asks_what_its_flags_leave_out(cluster):
+    answers = "PROMPTED.>\nmemory\n3\nInterest\nNew\n100\n-1\n1MB\n1h\n-1\n1m\ny\nn\ny\n"
+    p = cluster.cli("stream", "add", "PROMPTED", input=answers)
+    for q_ in ("? Subjects", "? Storage", "? Replication", "? Retention Policy",
+               "? Discard Policy", "? Stream Messages Limit", "? Message TTL",
+               "? Duplicate tracking time window", "? Allow message Roll-ups"):
+        assert q_ in p.stderr, q_
+    cfg = stream_json(cluster, "PROMPTED")["config"]
+    assert cfg["subjects"] == ["PROMPTED.>"] and cfg["storage"] == "memory"
+    assert cfg["num_replicas"] == 3 and cfg["retention"] == "interest"
+    assert cfg["discard"] == "new" and cfg["max_msgs"] == 100
+    assert cfg["max_bytes"] == 1000 * 1000 and cfg["max_age"] == 3600 * 10 ** 9
+    assert cfg["duplicate_window"] == 60 * 10 ** 9
+    assert cfg["allow_rollup_hdrs"] is True and cfg["deny_delete"] is True
+    assert cfg["deny_purge"] is False
+    cluster.cli("stream", "rm", "PROMPTED", "-f")
+
+
+def test_stream_info_json_is_the_servers_answer(cluster):
+    cluster.cli("stream", "add", "JSONS", "--subjects", "jsons.>", "--defaults")
+    info = stream_json(cluster, "JSONS")
+    assert info["type"] == "io.nats.jetstream.api.v1.stream_info_response"
+    assert info["config"]["name"] == "JSONS" and "state" in info and "created" in info
+    names = json.loads(cluster.cli("stream", "ls", "--json").stdout)
+    assert "JSONS" in names
+    assert "JSONS" in cluster.cli("stream", "ls", "--names").stdout.split()
+
+
+def test_stream_report_shows_placement(cluster):
+    cluster.cli("stream", "add", "REPORTED", "--subjects", "reported.>", "--replicas", "3",
+                "--defaults")
+    for i in range(3):
+        cluster.cli("pub", "-J", "reported.x", "m%d" % i)
+    out = cluster.cli("stream", "report").stdout
+    assert out.startswith("Obtaining Stream stats\n+")
+    assert "| Stream " in out and "| Consumers | Messages | Bytes " in out
+    assert "| Storage | Lost | Deleted | Cluster " in out
+    row = cells(out, "| REPORTED ")
+    assert row[1:3] == ["0", "3"] and row[4] == "File"
+    nodes = row[7].split(", ")
+    assert len(nodes) == 3 and sum(n.endswith("*") for n in nodes) == 1
+    assert nodes == sorted(nodes)
+    report = json.loads(cluster.cli("stream", "report", "--json").stdout)
+    assert {s["name"]: s["msgs"] for s in report}["REPORTED"] == 3
+
+
+def test_stream_cluster_step_down(cluster):
+    cluster.cli("stream", "add", "STEPPED", "--subjects", "stepped.>", "--replicas", "3",
+                "--defaults")
+    wait_current(cluster, "STEPPED", 3)
+    before = stream_json(cluster, "STEPPED")["cluster"]["leader"]
+    p = cluster.cli("stream", "cluster", "step-down", "STEPPED")
+    assert re.search(r'^\d\d:\d\d:\d\d Requesting leader step down of "%s" in a 3 peer RAFT '
+                     r'group$' % before, p.stderr, re.M)
+    m = re.search(r'^\d\d:\d\d:\d\d New leader elected "(n\d-c1)"$', p.stderr, re.M)
+    assert m and m.group(1) != before
+    assert "\nCluster Information:\n" in p.stdout
+    assert re.search(r"^               Leader: %s$" % m.group(1), p.stdout, re.M)
+    assert stream_json(cluster, "STEPPED")["cluster"]["leader"] == m.group(1)
+
+
+def test_stream_cluster_peer_remove_asks_for_the_peer(cluster):
+    cluster.cli("stream", "add", "EVICT", "--subjects", "evict.>", "--replicas", "3",
+                "--defaults")
+    wait_current(cluster, "EVICT", 3)
+    cl = stream_json(cluster, "EVICT")["cluster"]
+    peers = [cl["leader"]] + [r["name"] for r in cl["replicas"]]
+    victim = peers[1]
+    p = cluster.cli("s", "cluster", "peer-remove", "EVICT", input="2\n")
+    assert "? Select a Peer %s" % victim in p.stderr
+    assert re.search(r'^\d\d:\d\d:\d\d Removing peer "%s"$' % victim, p.stderr, re.M)
+    assert re.search(r'^\d\d:\d\d:\d\d Requested removal of peer "%s"$' % victim, p.stderr,
+                     re.M)
+
+    def replaced():
+        c = stream_json(cluster, "EVICT").get("cluster") or {}
+        now = [c.get("leader")] + [r["name"] for r in c.get("replicas") or []]
+        return None not in now and len(now) == 3 and victim not in now and now
+    now = wait_until(replaced, what="a new peer in place of %s" % victim)
+    assert len(set(now) - set(peers)) == 1
+    info = cluster.cli("stream", "info", "EVICT").stdout
+    assert len(re.findall(r"^              Replica: n\d-c1, (current|outdated), ", info,
+                          re.M)) == 2
+
+
+def test_stream_edit_purge_get_view_rmm_rm(cluster):
+    cluster.cli("stream", "add", "EDITED", "--subjects", "edited.>", "--defaults")
+    for i in range(1, 6):
+        cluster.cli("pub", "-J", "edited.%d" % (i % 2), "body %d" % i, "-H", "K:v%d" % i)
+    p = cluster.cli("stream", "edit", "EDITED", "--max-msgs", "100", "--description", "d",
+                    "-f")
+    assert "Differences (-old +new):" in p.stdout and '+  "max_msgs": 100' in p.stdout
+    assert "Stream EDITED was updated" in p.stdout
+    assert "Maximum Messages: 100" in p.stdout
+    same = cluster.cli("stream", "edit", "EDITED", "--max-msgs", "100", "-f")
+    assert "No difference in configuration" in same.stdout
+    get = cluster.cli("stream", "get", "EDITED", "2").stdout
+    assert re.match(r"Item: EDITED#2 received \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(.*\) on "
+                    r"Subject edited\.0\n", get)
+    assert "Headers:\n  K: v2\n" in get and "body 2" in get
+    last = json.loads(cluster.cli("stream", "get", "EDITED", "-S", "edited.1",
+                                  "--json").stdout)
+    assert last["seq"] == 5
+    view = cluster.cli("stream", "view", "EDITED", "--subject", "edited.1")
+    assert re.findall(r"^\[(\d+)\] Subject: edited\.1", view.stdout, re.M) == ["1", "3", "5"]
+    assert "Reached apparent end of data" in view.stderr
+    cluster.cli("stream", "rmm", "EDITED", "3", "-f")
+    purge = cluster.cli("stream", "purge", "EDITED", "--subject", "edited.0", "-f").stdout
+    assert purge.startswith("Purged 2 messages from EDITED\n\nState for Stream EDITED")
+    st = stream_json(cluster, "EDITED")["state"]
+    assert st["messages"] == 2
+    cluster.cli("stream", "rm", "EDITED", "-f")
+    assert "EDITED" not in cluster.cli("stream", "ls", "--names").stdout.split()
+
+
+# ---- consumers ----------------------------------------------------------------------------
+
+
+def test_consumer_add_info_next_report_step_down_rm(cluster):
+    cluster.cli("stream", "add", "WORK", "--subjects", "work.>", "--replicas", "3",
+                "--defaults")
+    info = cluster.cli("consumer", "add", "WORK", "NEW", "--pull", "--defaults",
+                       "--filter", "work.new").stdout
+    assert info.startswith("Information for Consumer WORK > NEW created ")
+    assert "           Pull Mode: true" in info or "Pull Mode: true" in info
+    assert "\nCluster Information:\n" in info
+    for i in range(3):
+        cluster.cli("pub", "-J", "work.new", "job %d" % i)
+    nxt = cluster.cli("consumer", "next", "WORK", "NEW", "--count", "2").stdout
+    assert re.findall(r"subj: work\.new / tries: 1 / cons seq: (\d) / str seq: \d / "
+                      r"pending: (\d)", nxt) == [("1", "2"), ("2", "1")]
+    assert nxt.count("Acknowledged message") == 2
+
+    def acked():
+        ci = json.loads(cluster.cli("consumer", "info", "WORK", "NEW", "--json").stdout)
+        return ci["ack_floor"]["stream_seq"] == 2 and ci["num_pending"] == 1
+    wait_until(acked, what="the acks to land")
+    report = cluster.cli("consumer", "report", "WORK").stdout
+    row = cells(report, "| NEW ")
+    assert row[1:3] == ["Pull", "Explicit"] and row[6] == "1 / 33%"
+    assert len(row[8].split(", ")) == 3
+    assert "NEW" in cluster.cli("consumer", "ls", "WORK", "--names").stdout.split()
+
+    def consumer_current():
+        cl = json.loads(cluster.cli("consumer", "info", "WORK", "NEW",
+                                    "--json").stdout)["cluster"]
+        return cl.get("leader") and all(r.get("current") for r in cl.get("replicas") or [])
+    wait_until(consumer_current, what="current consumer replicas")
+    before = json.loads(cluster.cli("consumer", "info", "WORK", "NEW",
+                                    "--json").stdout)["cluster"]["leader"]
+    sd = cluster.cli("consumer", "cluster", "step-down", "WORK", "NEW")
+    assert 'Requesting leader step down of "%s" in a 3 peer RAFT group' % before in sd.stderr
+    m = re.search(r'New leader elected "(n\d-c1)"', sd.stderr)
+    assert m and m.group(1) != before
+    assert "Information for Consumer WORK > NEW" in sd.stdout
+    cluster.cli("consumer", "rm", "WORK", "NEW", "-f")
+    assert cluster.cli("consumer", "ls", "WORK").stdout.strip() == "No Consumers defined"
+
+
+# ---- servers (the system user) ------------------------------------------------------------
+
+
+def test_server_ls_ping_info(cluster):
+    ls = cluster.sys("server", "ls").stdout
+    names = re.findall(r"^\| (n\d-c1) +\| C1 ", ls, re.M)
+    assert sorted(names) == ["n%d-c1" % i for i in range(1, SIZE + 1)]
+    assert "Cluster Overview" in ls and re.search(r"^\| C1 +\| 5 +\|", ls, re.M)
+    ping = cluster.sys("server", "ping").stdout
+    assert len(re.findall(r"^n\d-c1 +rtt=", ping, re.M)) == SIZE
+    assert "---- ping statistics ----\n5 replies max: " in ping
+    info = cluster.sys("server", "info", "n2-c1").stdout
+    assert info.startswith("Server information for n2-c1 (N")
+    for title in ("Process Details:", "Connection Details:", "JetStream:", "Limits:",
+                  "Statistics:", "Cluster:"):
+        assert "\n%s\n" % title in info
+    assert json.loads(cluster.sys("server", "info", "n3-c1", "--json").stdout)[
+        "server_name"] == "n3-c1"
+    # without the system user the server requests are refused in one line
+    p = cluster.cli("server", "ls", check=False)
+    assert p.returncode == 1 and p.stderr.startswith("natsjs: error: ")
+
+
+def test_server_report_jetstream(cluster):
+    out = cluster.sys("server", "report", "jetstream").stdout
+    lines = out.splitlines()
+    assert re.match(r"^\| +JetStream Summary +\|$", lines[1])
+    assert cells(out, "| Server") == ["Server", "Cluster", "Streams", "Consumers", "Messages",
+                                      "Bytes", "Memory", "File", "API Req", "API Err"]
+    rows = re.findall(r"^\| (n\d-c1\*?) +\| C1 ", out, re.M)
+    assert len(rows) == SIZE and sum(r.endswith("*") for r in rows) == 1
+    leader = [r for r in rows if r.endswith("*")][0][:-1]
+    assert re.search(r"^\| +RAFT Meta Group Information +\|$", out, re.M)
+    assert cells(out, "| Name") == ["Name", "Leader", "Current", "Offline", "Active", "Lag"]
+    meta = re.findall(r"^\| (n\d-c1) +\| (yes)? +\| (true|false) +\| (true|false) +\| "
+                      r"(\d+\.\d\ds) +\| (\d+) +\|$", out, re.M)
+    assert len(meta) == SIZE and [m[0] for m in meta if m[1] == "yes"] == [leader]
+    acct = cluster.sys("server", "report", "jetstream", "--account", "APP").stdout
+    assert "JetStream Summary for Account APP" in acct
+    js = json.loads(cluster.sys("server", "report", "jetstream", "--json").stdout)
+    assert len(js) == SIZE
+    # the raw data the documentation points at: /jsz over NATS, from the leader only
+    req = cluster.sys("server", "request", "jetstream", "--leader").stdout.splitlines()
+    assert len(req) == 1
+    data = json.loads(req[0])
+    assert data["server"]["name"] == data["data"]["meta_cluster"]["leader"] == leader
+
+
+def test_server_requests(cluster):
+    for kind in ("variables", "subscriptions", "connections", "routes", "gateways",
+                 "leafnodes", "accounts", "jetstream", "jetstream-health"):
+        lines = cluster.sys("server", "request", kind).stdout.splitlines()
+        assert len(lines) == SIZE, kind
+        names = sorted(json.loads(line)["server"]["name"] for line in lines)
+        assert names == ["n%d-c1" % i for i in range(1, SIZE + 1)], kind
+    one = cluster.sys("server", "req", "varz", "--name", "n3-c1").stdout.splitlines()
+    assert [json.loads(line)["server"]["name"] for line in one] == ["n3-c1"]
+    routes = json.loads(cluster.sys("server", "req", "routes", "1").stdout)
+    assert len({r["remote_name"] for r in routes["data"]["routes"]}) == SIZE - 1
+
+
+def test_server_check_and_reports(cluster):
+    p = cluster.sys("server", "check", "connection")
+    assert p.stdout.startswith("OK Connection OK:connected to nats://127.0.0.1:")
+    assert "| connect_time=" in p.stdout
+    p = cluster.cli("server", "check", "jetstream")
+    assert p.stdout.startswith("OK JetStream") and "replicas_ok=" in p.stdout
+    p = cluster.sys("server", "check", "meta", "--expect", "5", "--lag-critical", "100",
+                    "--seen-critical", "10s")
+    assert p.stdout.startswith("OK JetStream Meta Cluster OK:5 peers led by n")
+    bad = cluster.sys("server", "check", "meta", "--expect", "7", "--lag-critical", "100",
+                      "--seen-critical", "10s", check=False)
+    assert bad.returncode == 2 and bad.stdout.startswith("CRITICAL ")
+    cluster.cli("stream", "add", "CHECKED", "--subjects", "checked", "--replicas", "3",
+                "--defaults")
+    wait_current(cluster, "CHECKED", 3)
+    p = cluster.cli("server", "check", "stream", "--stream", "CHECKED", "--peer-expect", "3")
+    assert p.stdout.startswith("OK CHECKED OK:2 current replicas")
+    conns = cluster.sys("server", "report", "connections").stdout
+    assert "Connections per server" in conns and "| CID " in conns
+    accts = cluster.sys("server", "report", "accounts").stdout
+    assert re.search(r"\d+ Accounts Overview", accts)
+
+
+def test_server_cluster_step_down(cluster):
+    before = json.loads(cluster.sys("server", "req", "jetstream", "--leader").stdout)
+    old = before["server"]["name"]
+    p = cluster.sys("server", "cluster", "step-down")
+    assert re.search(r'^\d\d:\d\d:\d\d Requesting leader step down of "%s" in a 5 peer RAFT '
+                     r'group$' % old, p.stderr, re.M)
+    new = re.search(r'New leader elected "(n\d-c1)"', p.stderr).group(1)
+    assert new != old
+    # the documentation's older spelling
+    p = cluster.sys("server", "raft", "step-down")
+    assert re.search(r'Requesting leader step down of "%s"' % new, p.stderr)
+
+
+def test_server_cluster_peer_remove(tmp_path):
+    """A server that will never return leaves the meta group (its own small cluster:
+    the shared one keeps its five servers)."""
+    c = Cluster(tmp_path, "removal", 3)
+    try:
+        victim = c.state["servers"][2]
+        os.kill(victim["pid"], 9)
+
+        def offline():
+            out = c.sys("server", "report", "jetstream", check=False).stdout
+            return re.search(r"^\| n3-c1 +\| +\| \w+ +\| true ", out, re.M)
+        wait_until(offline, timeout=60, what="n3-c1 to show offline")
+        p = c.sys("server", "cluster", "peer-remove", "n3-c1", input="y\n")
+        assert "Removing peers is intended for peers that will not come back" in p.stdout
+        assert "Really remove offline peer n3-c1" in p.stderr
+        assert 'Removed peer "n3-c1"' in p.stderr
+
+        def gone():
+            out = c.sys("server", "report", "jetstream", check=False).stdout
+            return "| n3-c1 " not in out.split("RAFT Meta Group Information")[-1]
+        wait_until(gone, what="n3-c1 to leave the meta group")
+        missing = c.sys("server", "cluster", "peer-remove", "n9-c1", "-f", check=False)
+        assert missing.returncode == 1 and "did not find a replica named n9-c1" in missing.stderr
+    finally:
+        c.down()
+
+
+def test_account_info(cluster):
+    out = cluster.cli("account", "info").stdout
+    assert out.startswith("Account Information\n")
+    for label in ("Client ID", "Connected URL", "Connected Server Name"):
+        assert re.search(r"^ +%s: " % label, out, re.M)
+    assert "\nJetStream Account Information:\n" in out and "\nTier: Default:\n" in out
+    assert re.search(r"^ +Streams: \d+ of Unlimited$", out, re.M)
+    sys_out = cluster.sys("account", "info").stdout
+    assert "JetStream is not supported in this account" in sys_out
+
+
+# ---- core messaging -----------------------------------------------------------------------
+
+
+def _spawn(c, *args):
+    return subprocess.Popen(CLI + ["--context", "c", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            env=c.env)
+
+
+def _wait_line(proc, pattern):
+    """Read stderr until a line matches (the command logs it once it is subscribed)."""
+    seen = []
+    while True:
+        line = proc.stderr.readline()
+        if not line:
+            raise AssertionError("process ended before %r: %s" % (pattern, "".join(seen)))
+        seen.append(line)
+        if re.search(pattern, line):
+            return line
+
+
+def test_pub_sub_request_reply(cluster):
+    sub = _spawn(cluster, "sub", "greet.>", "--count", "2")
+    try:
+        _wait_line(sub, r"Subscribing on greet\.>")
+        pub = cluster.cli("pub", "greet.a", "hello {{Count}}", "--count", "2", "-H", "X:1")
+        assert pub.stderr.count('Published 7 bytes to "greet.a"') == 2
+        out, _ = sub.communicate(timeout=30)
+    finally:
+        sub.kill()
+    assert '[#1] Received on "greet.a"\nX: 1\n\nhello 1\n' in out
+    assert '[#2] Received on "greet.a"' in out and "hello 2" in out
+    rep = _spawn(cluster, "reply", "svc.echo", "pong {{Count}}", "--count", "1")
+    try:
+        _wait_line(rep, r'Listening on "svc\.echo" in group "NATS-RPLY-22"')
+        req = cluster.cli("request", "svc.echo", "ping")
+        assert req.stdout == "pong 1\n\n" and "Received with rtt" in req.stderr
+        rep.communicate(timeout=30)
+    finally:
+        rep.kill()
+    none = cluster.cli("request", "nobody.here", "x")
+    assert "No responders are available" in none.stderr
+
+
+# ---- key-value and object stores, backups -------------------------------------------------
+
+
+def test_kv_add_put_get_del_history_watch_ls(cluster):
+    info = cluster.cli("kv", "add", "CFG", "--history", "5", "--replicas", "3").stdout
+    assert info.startswith("Information for Key-Value Store Bucket CFG created ")
+    assert re.search(r"^ +History Kept: 5$", info, re.M)
+    assert "\nCluster Information:\n" in info
+    watcher = _spawn(cluster, "kv", "watch", "CFG", "--updates", "--count", "2")
+    try:
+        # the watch is live once its consumer exists
+        wait_until(lambda: json.loads(cluster.cli("consumer", "report", "KV_CFG",
+                                                  "--json").stdout),
+                   what="the watch consumer")
+        assert cluster.cli("kv", "put", "CFG", "a", "1").stdout == "1\n"
+        cluster.cli("kv", "put", "CFG", "a", "2")
+        out, _ = watcher.communicate(timeout=30)
+    finally:
+        watcher.kill()
+    assert re.findall(r"^\[.*\] PUT CFG > a: (\d)$", out, re.M) == ["1", "2"]
+    cluster.cli("kv", "put", "CFG", "b", "x")
+    get = cluster.cli("kv", "get", "CFG", "a").stdout
+    assert re.match(r"CFG > a revision: 2 created @ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\n\n2\n\n$",
+                    get)
+    assert cluster.cli("kv", "get", "CFG", "a", "--raw").stdout == "2\n"
+    assert cluster.cli("kv", "get", "CFG", "a", "--revision", "1", "--raw").stdout == "1\n"
+    cluster.cli("kv", "del", "CFG", "b", "-f")
+    gone = cluster.cli("kv", "get", "CFG", "b", check=False)
+    assert gone.returncode == 1 and gone.stderr == "natsjs: error: nats: key not found\n"
+    assert json.loads(cluster.cli("kv", "ls", "CFG", "--json").stdout) == ["a"]
+    hist = cluster.cli("kv", "history", "CFG", "a").stdout
+    assert re.findall(r"^\| a +\| (\d) +\| PUT ", hist, re.M) == ["1", "2"]
+    exists = cluster.cli("kv", "create", "CFG", "a", "z", check=False)
+    assert exists.returncode == 1 and "key exists" in exists.stderr
+    cluster.cli("kv", "create", "CFG", "b", "again")
+    cluster.cli("kv", "update", "CFG", "a", "3", "2")
+    stale = cluster.cli("kv", "update", "CFG", "a", "4", "2", check=False)
+    assert stale.returncode == 1 and "wrong last sequence" in stale.stderr
+    buckets = cluster.cli("kv", "ls").stdout
+    assert re.search(r"^\| CFG +\| ", buckets, re.M)
+    cluster.cli("kv", "del", "CFG", "-f")
+    assert "KV_CFG" not in cluster.cli("stream", "ls", "--names", "-a").stdout.split()
+
+
+def test_object_put_get_ls_rm(cluster, tmp_path):
+    src = tmp_path / "blob.bin"
+    src.write_bytes(os.urandom(300000))
+    info = cluster.cli("object", "add", "FILES", "--replicas", "3").stdout
+    assert info.startswith("Information for Object Store Bucket FILES created ")
+    put = cluster.cli("object", "put", "FILES", str(src), "--name", "blob").stdout
+    assert "Object information for FILES > blob" in put and re.search(r"Chunks: 3$", put, re.M)
+    out = tmp_path / "copy.bin"
+    got = cluster.cli("object", "get", "FILES", "blob", "-O", str(out)).stdout
+    assert got.startswith("Wrote: 293 KiB to %s in " % out)
+    assert out.read_bytes() == src.read_bytes()
+    ls = cluster.cli("object", "ls", "FILES").stdout
+    assert re.search(r"^\| blob +\| 293 KiB +\| ", ls, re.M)
+    meta = json.loads(cluster.cli("object", "info", "FILES", "blob", "--json").stdout)
+    assert meta["size"] == 300000 and meta["digest"].startswith("SHA-256=")
+    assert cluster.cli("object", "rm", "FILES", "blob", "-f").stdout == "Removed FILES > blob\n"
+    assert cluster.cli("object", "ls", "FILES").stdout == "No entries found\n"
+    missing = cluster.cli("object", "get", "FILES", "blob", check=False)
+    assert missing.returncode == 1 and "object not found" in missing.stderr
+
+
+def test_stream_backup_and_restore(cluster, tmp_path):
+    from conftest import start_natsjs
+    cluster.cli("stream", "add", "KEPT", "--subjects", "kept.>", "--replicas", "3",
+                "--defaults")
+    cluster.cli("pub", "-J", "kept.{{Count}}", "body {{Count}}", "--count", "20", "-q")
+    cluster.cli("consumer", "add", "KEPT", "READER", "--pull", "--defaults")
+    target = tmp_path / "backup"
+    out = cluster.cli("stream", "backup", "KEPT", str(target)).stdout
+    assert out.startswith('Starting backup of Stream "KEPT" with ')
+    assert re.search(r'Received .* compressed data in \d+ chunks for stream "KEPT" in ', out)
+    assert sorted(os.listdir(target)) == ["backup.json", "stream.tar.s2"]
+    # into a clustered natsjs the server says it cannot; into a single server it works
+    p = cluster.cli("stream", "restore", str(target), check=False)
+    assert p.returncode == 1 and "not supported" in p.stderr
+    single = start_natsjs("-js", "-sd", str(tmp_path / "single"))
+    try:
+        env = dict(cluster.env)
+        url = ["--no-context", "-s", single.url]
+        out = run_cli(env, *url, "stream", "restore", str(target), "--replicas", "1").stdout
+        assert out.startswith('Starting restore of Stream "KEPT" from file ')
+        assert 'Restored stream "KEPT" in ' in out
+        st = json.loads(run_cli(env, *url, "stream", "info", "KEPT", "--json").stdout)["state"]
+        assert st["messages"] == 20 and st["consumer_count"] == 1
+        got = run_cli(env, *url, "stream", "get", "KEPT", "7", "--json").stdout
+        assert json.loads(got)["subject"] == "kept.7"
+    finally:
+        single.stop()
+
+
+def test_sub_from_a_stream(cluster):
+    cluster.cli("stream", "add", "FEED", "--subjects", "feed.>", "--defaults")
+    for i in range(3):
+        cluster.cli("pub", "-J", "feed.%d" % i, "item %d" % i)
+    out = cluster.cli("sub", "--stream", "FEED", "feed.>", "--count", "3").stdout
+    assert re.findall(r'^\[#\d\] Received on "(feed\.\d)"$', out, re.M) == \
+        ["feed.0", "feed.1", "feed.2"]
+
+
+def test_bench_core_and_jetstream(cluster, tmp_path):
+    sub = _spawn(cluster, "bench", "sub", "bench.core", "--msgs", "2000", "--clients", "2")
+    try:
+        _wait_line(sub, r"Waiting for 2,000 messages on bench\.core")
+        p = cluster.cli("bench", "pub", "bench.core", "--msgs", "2000", "--size", "64")
+        out, _ = sub.communicate(timeout=60)
+    finally:
+        sub.kill()
+    assert re.search(r"Starting Core NATS publisher benchmark \[clients=1, msg-size=64 B, "
+                     r"msgs=2,000, sleep=0s, subject=bench\.core\]", p.stderr)
+    assert re.match(r"\nNATS Core NATS publisher stats: [\d,]+ msgs/sec ~ [\d.]+ \w?i?B/sec\n",
+                    p.stdout)
+    assert len(re.findall(r"^  \[\d\] [\d,]+ msgs/sec .* \(2,000 msgs\)$", out, re.M)) == 2
+    assert "NATS Core NATS subscriber aggregated stats: " in out
+    csv = tmp_path / "sync.csv"
+    p = cluster.cli("bench", "js", "pub", "sync", "bench.js", "--create", "--replicas", "3",
+                    "--msgs", "200", "--purge", "--csv", str(csv))
+    assert "NATS JetStream synchronous publisher stats: " in p.stdout and " ~ P99: " in p.stdout
+    assert csv.read_text().count("\n") == 2
+    p = cluster.cli("bench", "js", "pub", "async", "bench.js", "--msgs", "1000", "--batch",
+                    "100", "--clients", "2")
+    assert "NATS JetStream asynchronous publisher aggregated stats: " in p.stdout
+    assert json.loads(cluster.cli("stream", "info", "benchstream", "--json").stdout)[
+        "state"]["messages"] == 1200
+    p = cluster.cli("bench", "js", "ordered", "--msgs", "1200")
+    assert "NATS JetStream ordered ephemeral consumer stats: " in p.stdout
+
+
+# ---- the same screens from the reference nats-server --------------------------------------
+
+
+def test_reference_stream_and_consumer_screens_match(cluster, ref_cluster):
+    screens = {}
+    for name, c in (("natsjs", cluster), ("reference", ref_cluster)):
+        c.cli("stream", "add", "SHAPE", "--subjects", "shape.>", "--replicas", "3",
+              "--defaults")
+        c.cli("pub", "-J", "shape.a", "x")
+        c.cli("consumer", "add", "SHAPE", "C", "--pull", "--defaults")
+        wait_current(c, "SHAPE", 3)
+        screens[name] = {
+            "info": c.cli("stream", "info", "SHAPE").stdout,
+            "report": c.cli("stream", "report").stdout,
+            "consumer": c.cli("consumer", "info", "SHAPE", "C").stdout,
+            "ls": c.cli("stream", "ls").stdout,
+        }
+    ours, ref = screens["natsjs"], screens["reference"]
+    assert labels(ours["info"]) == labels(ref["info"])
+    assert len(REPLICA_RE.findall(ref["info"])) == 2
+    assert labels(ours["consumer"]) == labels(ref["consumer"])
+    assert cells(ours["report"], "| Stream") == cells(ref["report"], "| Stream")
+    row = [line for line in ref["report"].splitlines() if line.startswith("| SHAPE ")][0]
+    assert re.search(r"\| n\d-c1\*?, n\d-c1\*?, n\d-c1\*? +\|$", row)
+    assert cells(ours["ls"], "| Name") == cells(ref["ls"], "| Name")
+    rep = {name: c.sys("server", "report", "jetstream").stdout
+           for name, c in (("natsjs", cluster), ("reference", ref_cluster))}
+    for starts in ("| Server", "| Name"):
+        assert cells(rep["natsjs"], starts) == cells(rep["reference"], starts)
+    assert len(re.findall(r"^\| n\d-c1\* ", rep["reference"], re.M)) == 1
+    acct = {name: c.cli("account", "info").stdout
+            for name, c in (("natsjs", cluster), ("reference", ref_cluster))}
+    assert labels(acct["natsjs"]) == labels(acct["reference"])
+    srv = {name: c.sys("server", "info", "n1-c1").stdout
+           for name, c in (("natsjs", cluster), ("reference", ref_cluster))}
+    assert [x for x in labels(srv["natsjs"]) if x.endswith(("Details", "Limits"))] == \
+        [x for x in labels(srv["reference"]) if x.endswith(("Details", "Limits"))]
