@@ -11,6 +11,11 @@ cdef class Sink:
                     Py_ssize_t hdr, Py_ssize_t size) except -1
 
 
+cdef class WithProducer:
+    # An internal subscriber's callback that is also given the publishing connection.
+    cdef public object fn
+
+
 cdef class Conn(ProtoParser):
     cdef public bytearray out          # outbound bytes not yet written to the socket
     cdef public Py_ssize_t max_pending

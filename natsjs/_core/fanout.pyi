@@ -8,7 +8,11 @@ from natsjs._core.sublist import Sublist, Subscription
 UNDELIVERED: object
 
 
-def current_producer() -> Any: ...
+class WithProducer:
+    fn: Callable[..., Any]
+    def __init__(self, fn: Callable[..., Any]) -> None: ...
+    def __call__(self, sub: Subscription, subject: bytes, reply: Optional[bytes], hdr: int,
+                 msg: bytes) -> Any: ...
 
 
 class Conn(ProtoParser):

@@ -48,16 +48,18 @@ DEF MAX_PENDING_SIZE = 67108864
 # What an internal subscriber's callback returns when the message was not for it.
 UNDELIVERED = object()
 
-# The connection whose message is being handed to an internal subscriber's callback
-# (its ``conn``, the Python object): who asked, for handlers that report it (the
-# JetStream API's audit advisory names the client, as nats-server's request info does).
-cdef object _producer = None
 
+cdef class WithProducer:
+    """An internal subscriber's callback that is also told who published: called as
+    ``fn(producer, sub, subject, reply, hdr, msg)``, ``producer`` being the publishing
+    connection's Python object (None for server code).  The JetStream API names the
+    requester in its audit advisories, as nats-server's request info does."""
 
-def current_producer():
-    """The Python connection object (or None for server code) that published the message
-    an internal subscriber's callback is handling right now."""
-    return _producer
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, sub, subject, reply, hdr, msg):
+        return self.fn(None, sub, subject, reply, hdr, msg)
 
 
 cdef inline Py_ssize_t _ndigits(Py_ssize_t v) noexcept nogil:
@@ -175,9 +177,8 @@ cdef class Conn(ProtoParser):
 
     cdef int deliver(self, Subscription sub, const unsigned char* msg) except -1:
         """One local delivery of the message in ``self.pa``; 1 if it was delivered."""
-        global _producer
         cdef Conn target
-        cdef object outer
+        cdef object cb, result
         cdef const unsigned char* subj = self.pa.subject
         cdef Py_ssize_t slen = self.pa.subject_len
         cdef bytes subject, reply
@@ -199,12 +200,16 @@ cdef class Conn(ProtoParser):
                 # in the reply the way routes carry it: ``reply@shown``.
                 reply = (reply or b"") + b"@" + PyBytes_FromStringAndSize(
                     <const char*>self.dsubj, self.dsubj_len)
-            outer = _producer
-            _producer = self.conn
+            cb = sub.callback
             try:
-                if sub.callback(sub, subject, reply, self.pa.hdr,
-                                PyBytes_FromStringAndSize(<const char*>msg, self.pa.size)) \
-                        is UNDELIVERED:
+                if type(cb) is WithProducer:
+                    result = (<WithProducer>cb).fn(
+                        self.conn, sub, subject, reply, self.pa.hdr,
+                        PyBytes_FromStringAndSize(<const char*>msg, self.pa.size))
+                else:
+                    result = cb(sub, subject, reply, self.pa.hdr,
+                                PyBytes_FromStringAndSize(<const char*>msg, self.pa.size))
+                if result is UNDELIVERED:
                     return 0
             except Exception as exc:
                 # A failing handler is its owner's problem (it logs and answers with
@@ -215,8 +220,6 @@ cdef class Conn(ProtoParser):
                     sub.owner.handler_failed(sub, subject, reply, exc)
                 except Exception:
                     pass
-            finally:
-                _producer = outer
             return 1
         if self.dsubj != NULL:
             subj, slen = self.dsubj, self.dsubj_len

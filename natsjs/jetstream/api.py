@@ -19,7 +19,7 @@ import os
 
 import trio
 
-from natsjs._core.fanout import UNDELIVERED, current_producer
+from natsjs._core.fanout import UNDELIVERED, WithProducer
 from natsjs.jetstream import consumercfg as CC
 from natsjs.jetstream import headers as H
 from natsjs.jetstream import snapshot, sourcing
@@ -86,12 +86,13 @@ class Api:
         for name, acc in server.accounts.items():
             if name in enabled:
                 jsa = enabled[name]
-                jsa.api_sub = self.js.subscribe(acc, b"$JS.API.>", self._make_handler(jsa))
+                jsa.api_sub = self.js.subscribe(acc, b"$JS.API.>",
+                                                WithProducer(self._make_handler(jsa)))
             else:
                 self.js.subscribe(acc, b"$JS.API.>", self._not_enabled_in(acc), route=False)
 
     def _make_handler(self, jsa):
-        def on_request(sub, subject, reply, hdr, msg):
+        def on_request(client, sub, subject, reply, hdr, msg):
             if subject.startswith(b"$JS.API.CONSUMER.MSG.NEXT.") or \
                     subject.startswith(b"$JS.API.DIRECT.GET"):
                 # Answered by the consumer or the stream itself; when neither listens
@@ -104,7 +105,7 @@ class Api:
                 self._queue.clear()
             if not self._queue:
                 self._wake.unpark()
-            self._queue.append((jsa, subject, reply, hdr, msg, current_producer()))
+            self._queue.append((jsa, subject, reply, hdr, msg, client))
         return on_request
 
     # What the system account administers itself (the meta group, servers, accounts):

@@ -25,7 +25,7 @@ from natsjs.jetstream.config import DEFAULT_MAX_CONSUMERS, AccountJSLimits, JetS
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, rfc3339_nano
 from natsjs.jetstream.streamcfg import API_LEVEL
-from natsjs._core.fanout import Sink
+from natsjs._core.fanout import Sink, WithProducer
 from natsjs._core.sublist import Subscription
 
 STREAMS_DIR = "streams"
@@ -414,13 +414,15 @@ class JetStream:
         """A handler that fails logs and answers nothing, instead of taking the
         publishing connection down with it."""
         log = self.server.log
+        if isinstance(callback, WithProducer):
+            return WithProducer(self._guard(callback.fn, subject))
 
-        def guarded(sub, subj, reply, hdr, msg):
+        def guarded(*args):
             try:
-                return callback(sub, subj, reply, hdr, msg)
+                return callback(*args)
             except Exception as exc:
                 log.error("JetStream internal handler for %r failed on %r: %r",
-                          subject.decode("utf-8", "replace"), subj, exc)
+                          subject.decode("utf-8", "replace"), args[-4], exc)
         return guarded
 
     def publisher(self, account) -> Publisher:

@@ -205,8 +205,7 @@ def decode_request(body: bytes, t: Struct) -> dict:
     try:
         # The common case: one well-formed value (Python's grammar is Go's once the
         # non-standard constants are refused and no encoding is guessed).
-        single = json.loads(body.decode("utf-8"), parse_float=GoFloat,
-                            parse_constant=_refuse_constant)
+        single = _STRICT.decode(body.decode("utf-8"))
     except ValueError:
         pass
     else:
@@ -214,8 +213,7 @@ def decode_request(body: bytes, t: Struct) -> dict:
     out: dict = {}
     try:
         for start, end in gojson.values(body):
-            value = json.loads(body[start:end].decode("utf-8", "replace"),
-                               parse_float=GoFloat)
+            value = _LENIENT.decode(body[start:end].decode("utf-8", "replace"))
             out = _decode_top(value, t, out)
     except gojson.GoSyntaxError as exc:
         raise DecodeError(str(exc)) from None
@@ -226,10 +224,15 @@ def unmarshal(body: bytes, t: Struct) -> dict:
     """``body`` decoded the way Go's json.Unmarshal fills ``t`` (one value, unknown
     fields skipped, Go's error texts), for requests nats-server reads that way."""
     try:
-        gojson.check_valid(body)
-    except gojson.GoSyntaxError as exc:
-        raise DecodeError(exc.unmarshal_text()) from None
-    value = json.loads(body.decode("utf-8", "replace"), parse_float=GoFloat)
+        # The common case: well-formed (see decode_request); Go's scanner only for the
+        # words of an error.
+        value = _STRICT.decode(body.decode("utf-8"))
+    except ValueError:
+        try:
+            gojson.check_valid(body)
+        except gojson.GoSyntaxError as exc:
+            raise DecodeError(exc.unmarshal_text()) from None
+        value = _LENIENT.decode(body.decode("utf-8", "replace"))
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -239,6 +242,12 @@ def unmarshal(body: bytes, t: Struct) -> dict:
 
 def _refuse_constant(name: str):
     raise ValueError(name)
+
+
+# Numbers with a fraction or an exponent keep their text (GoFloat).  _STRICT refuses
+# NaN and Infinity, which Go does not read; _LENIENT parses what Go's scanner passed.
+_STRICT = json.JSONDecoder(parse_float=GoFloat, parse_constant=_refuse_constant)
+_LENIENT = json.JSONDecoder(parse_float=GoFloat)
 
 
 def _decode_top(value, t: Struct, into: dict) -> dict:
