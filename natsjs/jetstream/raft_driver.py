@@ -427,6 +427,11 @@ class RaftService:
     def is_leader(self) -> bool:
         return self.node.role == LEADER
 
+    def has_lease(self) -> bool:
+        """Leader, and heard from a quorum lately (RaftNode.has_lease), by the clock now:
+        after a pause the node's own notion of time is stale until the next tick."""
+        return self.node.has_lease(trio.current_time())
+
     def peer_info(self) -> list[dict]:
         return self.node.peer_info()
 

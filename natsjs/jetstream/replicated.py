@@ -467,6 +467,12 @@ class ReplicatedConsumer(StateMachine):
         # new leader from consumer info finds its subscriptions in place.
         return self._active and self.raft.is_leader()
 
+    def may_deliver(self) -> bool:
+        """Deliveries need a leader that is surely still the leader: one resumed after a
+        pause (or cut off) would hand out messages the group's real leader already
+        delivered and had acknowledged meanwhile (found by natsjs/testing/chaos)."""
+        return self._active and self.raft.has_lease()
+
     def leader_changed(self, leader, term: int) -> None:
         if self._active:
             # Leadership lost: stop delivering at once (leader_ready starts it again).
@@ -650,19 +656,28 @@ class ReplicaStateStore(MemConsumerStore):
     def __init__(self, rep: ReplicatedConsumer):
         self.rep = rep
         self._last = None
+        self._refused = False     # a change the group did not take (we no longer lead)
 
     def record(self, op: int, a: int, b: int) -> None:
-        self._last = self.rep.propose_state(op, a, b)
+        index = self.rep.propose_state(op, a, b)
+        if index is None:
+            # Not proposed: an acknowledgement waiting on this must get no reply, or the
+            # client would count as confirmed an ack the next leader never saw.
+            self._refused = True
+        else:
+            self._last = index
 
     def delivered(self, batch: list, state: ConsumerState) -> None:
         self.rep.propose_delivered(batch, state)
 
     def dirty(self) -> bool:
-        return self._last is not None
+        return self._last is not None or self._refused
 
     async def sync(self) -> None:
-        index = self._last
-        self._last = None
+        index, refused = self._last, self._refused
+        self._last, self._refused = None, False
+        if refused:
+            raise OSError("no longer the consumer's leader: acknowledgements not recorded")
         if index is not None:
             if not await self.rep.wait_committed(index):
                 raise OSError("consumer state not committed in time")
