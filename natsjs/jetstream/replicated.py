@@ -394,6 +394,7 @@ class ReplicatedStream(StateMachine):
         self.js.unsubscribe(self.server.system_account, self._cu_sub)
         if self.jsa.streams.get(self.name) is self.stream:
             del self.jsa.streams[self.name]
+        self.raft.stop()
         self.stream.stop(delete=delete)
         try:
             self.raft.storage.close()
@@ -625,6 +626,7 @@ class ReplicatedConsumer(StateMachine):
         self.closed = True
         self._scope.cancel()
         self.cluster.transport.detach(self.group)
+        self.raft.stop()
         self.consumer.stop(delete=delete)
         try:
             self.raft.storage.close()
