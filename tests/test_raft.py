@@ -162,6 +162,26 @@ def test_check_quorum_leader_cut_off_steps_down():
         node(sim, lead).propose(b"x")
 
 
+def test_leader_lease_holds_while_a_quorum_answers_and_lapses_in_silence():
+    sim = make(seed=7)
+    lead = leader(sim)
+    n = node(sim, lead)
+    cfg = sim.config
+    sim.run_for(1.0)
+    assert n.has_lease(n.now)
+    # A leader paused (SIGSTOP) for longer than the shortest election timeout may have
+    # been replaced: still LEADER by its own account, but without a lease.
+    assert n.role == LEADER and not n.has_lease(n.now + cfg.election_timeout_min)
+    assert not node(sim, followers(sim)[0]).has_lease(n.now)
+    # Cut off, it loses the lease before check-quorum makes it step down.
+    sim.net.isolate([{lead}, set(sim.hosts) - {lead}])
+    sim.run_for(cfg.election_timeout_min + 2 * cfg.heartbeat_interval)
+    assert n.role == LEADER and not n.has_lease(n.now)
+    sim.net.heal()
+    assert sim.run_for(3.0, until=lambda: (h := sim.leader_host()) is not None
+                       and h.node.has_lease(h.node.now))
+
+
 def test_leader_transfer_to_a_caught_up_peer():
     sim = make(seed=9)
     lead = leader(sim)

@@ -42,6 +42,8 @@ from natsjs.jetstream.subjects import filter_matches
 
 # Deliveries made per turn of the loop before other tasks get the event loop.
 DELIVER_BURST = 256
+# How often a replicated consumer's leader without a lease looks again (seconds).
+LEASE_RECHECK = 0.05
 # A flow-controlled push consumer stops at this many unconfirmed bytes: a window that
 # starts at 1/16 of JsFlowControlMaxPending and doubles with each answered flow control
 # request up to all of it (server/consumer.go setMaxPendingBytes, processFlowControl).
@@ -429,6 +431,13 @@ class Consumer:
                 return
             if not self._leading:
                 await self._wake.park()
+                continue
+            if self.replica is not None and not self.replica.may_deliver():
+                # A replicated consumer's leader that has not heard from a quorum lately
+                # may have been replaced: nothing goes out until it hears again (or
+                # learns it lost; then set_active_leader stops this loop).
+                with trio.move_on_after(LEASE_RECHECK):
+                    await self._wake.park()
                 continue
             n = self._deliver_some()
             if n >= DELIVER_BURST:

@@ -559,6 +559,25 @@ class RaftNode:
         self._election_deadline = self.now + self._rng.uniform(cfg.election_timeout_min,
                                                                cfg.election_timeout_max)
 
+    def has_lease(self, now: float) -> bool:
+        """A leader that heard from a quorum (itself included) within the shortest
+        election timeout: no other leader can have been elected since, because a
+        follower that heard from us refuses votes for that long (``_in_lease``).  A leader
+        that was paused (SIGSTOP) or cut off keeps ``role == LEADER`` until check-quorum
+        or a higher term tells it otherwise; what it does on its own authority without a
+        round trip (a consumer's deliveries) must wait for this to hold again."""
+        if self.role != LEADER:
+            return False
+        lease = self.cfg.election_timeout_min
+        heard = 1 if self.id in self.voters else 0
+        for peer in self.voters:
+            if peer == self.id:
+                continue
+            pr = self._progress.get(peer)
+            if pr is not None and now - pr.last_heard < lease:
+                heard += 1
+        return heard >= self.quorum()
+
     def _in_lease(self) -> bool:
         if self.role == LEADER:
             return True

@@ -500,6 +500,7 @@ class ReplicatedStream(_Replica):
         self.js.unsubscribe(self.server.system_account, self._cu_sub)
         if self.jsa.streams.get(self.name) is self.stream:
             del self.jsa.streams[self.name]
+        self.raft.stop()
         self.stream.stop(delete=delete)
         try:
             self.raft.storage.close()
@@ -572,6 +573,12 @@ class ReplicatedConsumer(_Replica):
         # The API sees a leader once it leads (leader_ready): a client that learns the
         # new leader from consumer info finds its subscriptions in place.
         return self._active and self.raft.is_leader()
+
+    def may_deliver(self) -> bool:
+        """Deliveries need a leader that is surely still the leader: one resumed after a
+        pause (or cut off) would hand out messages the group's real leader already
+        delivered and had acknowledged meanwhile (found by natsjs/testing/chaos)."""
+        return self._active and self.raft.has_lease()
 
     def leader_changed(self, leader, term: int) -> None:
         if self._active:
@@ -731,6 +738,7 @@ class ReplicatedConsumer(_Replica):
         self.closed = True
         self._scope.cancel()
         self.cluster.transport.detach(self.group)
+        self.raft.stop()
         self.consumer.stop(delete=delete)
         try:
             self.raft.storage.close()
@@ -762,19 +770,28 @@ class ReplicaStateStore(MemConsumerStore):
     def __init__(self, rep: ReplicatedConsumer):
         self.rep = rep
         self._last = None
+        self._refused = False     # a change the group did not take (we no longer lead)
 
     def record(self, op: int, a: int, b: int) -> None:
-        self._last = self.rep.propose_state(op, a, b)
+        index = self.rep.propose_state(op, a, b)
+        if index is None:
+            # Not proposed: an acknowledgement waiting on this must get no reply, or the
+            # client would count as confirmed an ack the next leader never saw.
+            self._refused = True
+        else:
+            self._last = index
 
     def delivered(self, batch: list, state: ConsumerState) -> None:
         self.rep.propose_delivered(batch, state)
 
     def dirty(self) -> bool:
-        return self._last is not None
+        return self._last is not None or self._refused
 
     async def sync(self) -> None:
-        index = self._last
-        self._last = None
+        index, refused = self._last, self._refused
+        self._last, self._refused = None, False
+        if refused:
+            raise OSError("no longer the consumer's leader: acknowledgements not recorded")
         if index is not None:
             if not await self.rep.wait_committed(index):
                 raise OSError("consumer state not committed in time")
