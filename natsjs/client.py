@@ -122,6 +122,17 @@ class Client(Connection):
     def needs_tasks(self) -> bool:
         return self.auth_required
 
+    def start_in_reactor(self) -> bool:
+        server = self.server
+        if server.tls_context is not None or self.auth_required or server.reactor is None:
+            return False
+        server.log.debug("%s%s connection created", self.log_prefix, self.kind)
+        self._started = True
+        server.pinger.add(self)
+        self.send(server.client_info_line(self))
+        server.reactor.add(self)
+        return True
+
     def start_tasks(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._auth_timeout)
 
