@@ -339,6 +339,7 @@ class Server:
             core.max_payload = opts.max_payload
             core.max_control_line = opts.max_control_line
             core.max_pending = opts.max_pending
+            core.max_subs = opts.max_subs
             c.on_trace_changed()
             if opts.auth != old.auth or opts.accounts != old.accounts:
                 c.reauthorize()
@@ -722,6 +723,7 @@ class Server:
             "max_control_line": opts.max_control_line,
             "max_payload": opts.max_payload,
             "max_pending": opts.max_pending,
+            **({"max_subscriptions": opts.max_subs} if opts.max_subs else {}),
             "cluster": self._varz_cluster(),
             "gateway": {},
             "leaf": {},
