@@ -781,6 +781,10 @@ def test_reference_stream_and_consumer_screens_match(cluster, ref_cluster):
     acct = {name: c.cli("account", "info").stdout
             for name, c in (("natsjs", cluster), ("reference", ref_cluster))}
     assert labels(acct["natsjs"]) == labels(acct["reference"])
+    ls = {name: c.sys("server", "ls").stdout
+          for name, c in (("natsjs", cluster), ("reference", ref_cluster))}
+    assert cells(ls["natsjs"], "| Name") == cells(ls["reference"], "| Name")
+    assert len(re.findall(r"^\| n\d-c1 +\| C1 ", ls["reference"], re.M)) == 3
     srv = {name: c.sys("server", "info", "n1-c1").stdout
            for name, c in (("natsjs", cluster), ("reference", ref_cluster))}
     assert [x for x in labels(srv["natsjs"]) if x.endswith(("Details", "Limits"))] == \

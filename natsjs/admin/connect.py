@@ -12,7 +12,6 @@ the contexts of an installed natscli.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import re
@@ -397,7 +396,3 @@ class _FirstConnectFailed(Exception):
     def __init__(self, cause: BaseException):
         super().__init__(str(cause))
         self.cause = cause
-
-
-def describe(s: Settings) -> dict:
-    return dataclasses.asdict(s)
