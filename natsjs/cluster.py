@@ -76,6 +76,7 @@ def pool_index(pool_size: int, account: str) -> int:
 
 
 @dataclass
+
 class Solicit:
     """One connection this server dials (and redials)."""
     url: str
@@ -224,17 +225,6 @@ class Cluster:
         self.routes.add(route)
         self._nursery.start_soon(route.run)
 
-    def _source_address(self, family, addr) -> str | None:
-        """A cluster listening on one loopback address (127.0.0.x, as local test and
-        fault-injection clusters give each server its own) dials loopback peers from
-        that address too, so each server's route traffic can be told apart (and cut)
-        by address.  Elsewhere the system picks the source."""
-        host = self.copts.host or ""
-        if family != socket.AF_INET or not host.startswith("127.") or \
-                not addr[0].startswith("127."):
-            return None
-        return host
-
     async def _dial(self, url: str) -> tuple[socket.socket, tuple] | None:
         u = urlsplit(url if "://" in url else "nats-route://" + url)
         host = u.hostname or "127.0.0.1"
@@ -249,9 +239,6 @@ class Cluster:
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
             sock.setblocking(False)
-            src = self._source_address(family, addr)
-            if src is not None:
-                sock.bind((src, 0))
             try:
                 sock.connect(addr)
             except BlockingIOError:

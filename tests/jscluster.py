@@ -40,8 +40,7 @@ def free_ports(n: int) -> list[int]:
 
 class JSCluster:
     def __init__(self, tmp_path, size: int = 3, reference: bool = False, extra: str = "",
-                 js_nodes=None, reference_nodes=(), own_addresses: bool = False,
-                 doc: bool = False):
+                 js_nodes=None, reference_nodes=(), doc: bool = False):
         self.dir = str(tmp_path)
         self.size = size
         self.reference = reference
@@ -54,10 +53,7 @@ class JSCluster:
         self.js_nodes = set(range(size)) if js_nodes is None else set(js_nodes)
         # Servers run by the reference binary (all of them with ``reference``).
         self.reference_nodes = set(range(size)) if reference else set(reference_nodes)
-        # Each server on its own loopback address (127.0.0.2, .3, ...), so that its route
-        # traffic can be cut by address (partitions()); clients still come from 127.0.0.1.
-        self.hosts = ["127.0.0.%d" % (i + 2) if own_addresses else "127.0.0.1"
-                      for i in range(size)]
+        self.hosts = ["127.0.0.1"] * size
         ports = free_ports(3 * size)
         self.ports = ports[:size]
         self.cluster_ports = ports[size:2 * size]
@@ -230,55 +226,3 @@ cluster {
         self.close()
         return False
 
-
-class Partitions:
-    """Network partitions between the servers of a cluster started with
-    ``own_addresses``: iptables rules in a chain of our own, dropping the packets
-    between the addresses of servers on different sides.  ``cut(sides)`` replaces the
-    current partition; ``heal()`` removes it; leaving the context removes the chain."""
-
-    def __init__(self, cluster: JSCluster):
-        self.cluster = cluster
-        self.chain = "NATSJS_T%d" % os.getpid()
-
-    @staticmethod
-    def usable() -> str | None:
-        """None when iptables can be used here, else why not."""
-        import shutil
-        import subprocess
-        if shutil.which("iptables") is None:
-            return "iptables is not installed (Debian package iptables)"
-        r = subprocess.run(["iptables", "-L", "-n"], capture_output=True, text=True)
-        if r.returncode:
-            return "iptables cannot be used here: %s" % r.stderr.strip()
-        return None
-
-    def _ipt(self, *args, check=True):
-        import subprocess
-        r = subprocess.run(["iptables", "-w", *args], capture_output=True, text=True)
-        if check and r.returncode:
-            raise RuntimeError("iptables %s: %s" % (" ".join(args), r.stderr.strip()))
-
-    def __enter__(self):
-        self._ipt("-N", self.chain)
-        self._ipt("-I", "INPUT", "-j", self.chain)
-        return self
-
-    def cut(self, *sides) -> None:
-        self.heal()
-        for a, side in enumerate(sides):
-            for other in sides[a + 1:]:
-                for i in side:
-                    for j in other:
-                        hi, hj = self.cluster.hosts[i], self.cluster.hosts[j]
-                        self._ipt("-A", self.chain, "-s", hi, "-d", hj, "-j", "DROP")
-                        self._ipt("-A", self.chain, "-s", hj, "-d", hi, "-j", "DROP")
-
-    def heal(self) -> None:
-        self._ipt("-F", self.chain)
-
-    def __exit__(self, *exc):
-        self._ipt("-D", "INPUT", "-j", self.chain, check=False)
-        self._ipt("-F", self.chain, check=False)
-        self._ipt("-X", self.chain, check=False)
-        return False
