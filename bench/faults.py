@@ -103,8 +103,9 @@ def report_tables(fa: FaultAnalysis) -> dict[str, pd.DataFrame]:
     figures = pd.DataFrame({
         "faults": f.scenario, "server": f.server, "run": f.run_id,
         "valid": f.valid.map(lambda v: "yes" if v else "NO"),
-        "lost": f.lost, "lost everywhere": f.lost_all, "duplicated": f.duplicated,
-        "divergent": f.divergent,
+        # item access: ``duplicated`` is also a DataFrame method
+        "lost": f["lost"], "lost everywhere": f["lost_all"], "duplicated": f["duplicated"],
+        "divergent": f["divergent"],
         "other errors": f.unexpected + f.misplaced + f.order + f.q_unexpected
         + f.q_redelivered_after_ack,
         "queue lost": f.q_lost, "nodes not back": f.unrecovered,

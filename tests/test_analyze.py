@@ -316,4 +316,7 @@ def test_fault_report(chaos_result, tmp_path):
     report = analyze.write_report(chaos_result, tmp_path)
     text = report.read_text()
     assert "Faults: what the checker found per run" in text
+    assert "bound method" not in text
+    row = next(ln for ln in text.splitlines() if ln.startswith("| kill | natsjs"))
+    assert row.split(" | ")[4:8] == ["0", "0", "0", "0"]   # lost, everywhere, dup, divergent
     assert (tmp_path / "faults-kill.png").exists()
