@@ -23,6 +23,8 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
+import traceback
+
 import trio
 
 from natsjs._core import parser as P
@@ -431,6 +433,7 @@ class Connection:
             self.close(PROTOCOL_VIOLATION)
         else:   # a bug must cost one connection, not the server
             self.server.log.error(self.log_prefix + "internal error: %r", exc)
+            self.server.log.debug("%s", "".join(traceback.format_exception(exc)))
             self.close(PROTOCOL_VIOLATION)
 
     def _feed_s2(self, data) -> None:

@@ -232,7 +232,16 @@ def test_queue_groups_and_requests_across_the_cluster(procs):
             except nats.errors.NoRespondersError:
                 assert time.monotonic() < deadline
         assert reply.data == b"re:q"
-        for n in (na, nb, nc):
+
+        # A new connection whose first message goes to a queue group on another
+        # server (as `nats reply` subscribes): its first route target is that queue.
+        await nc.subscribe("qsvc", queue="NATS-RPLY-22", cb=echo)
+        await nc.flush()
+        await until_delivered(nb, await nc.subscribe("qsvc.probe"), "qsvc.probe")
+        nd = await connect(b)
+        reply = await nd.request("qsvc", b"q", timeout=TIMEOUT)
+        assert reply.data == b"re:q"
+        for n in (na, nb, nc, nd):
             await n.close()
     run(main())
 

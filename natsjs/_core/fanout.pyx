@@ -584,7 +584,9 @@ cdef class ClientCore(Conn):
     cdef int route_queue(self, Conn route, bytes queue) except -1:
         """A member on another server was picked: that server delivers to one of its
         members of the group (the queue name rides along in the RMSG)."""
-        cdef bytearray q = <bytearray>self.rqueues[self.route_target(route)]
+        # The index first: route_target makes the lists on a message's first route.
+        cdef Py_ssize_t i = self.route_target(route)
+        cdef bytearray q = <bytearray>self.rqueues[i]
         if len(q):
             q += b" "
         q += queue
