@@ -21,6 +21,8 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
+import traceback
+
 import trio
 
 from natsjs._core import parser as P
@@ -268,6 +270,7 @@ class Connection:
             except Exception as exc:  # a bug must cost one connection, not the server
                 server.flush_pcd(core)
                 server.log.error(self.log_prefix + "internal error: %r", exc)
+                server.log.debug("%s", "".join(traceback.format_exception(exc)))
                 self.close(PROTOCOL_VIOLATION)
                 return
             server.flush_pcd(core)
