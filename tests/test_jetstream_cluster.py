@@ -473,8 +473,14 @@ def test_plain_server_in_the_cluster_serves_jetstream_clients(tmp_path, plain):
                 assert (await js.publish("m.%d" % (i % 5), b"%d" % i)).seq == i + 1
             sub = await js.pull_subscribe("m.>", "worker", stream="M")
             got = []
+            deadline = time.monotonic() + 60
             while len(got) < 50:
-                for m in await sub.fetch(50 - len(got), timeout=TIMEOUT):
+                assert time.monotonic() < deadline, got
+                try:
+                    msgs = await sub.fetch(50 - len(got), timeout=TIMEOUT)
+                except nats.errors.TimeoutError:     # a slow machine: ask again
+                    continue
+                for m in msgs:
                     got.append(int(m.data))
                     await m.ack_sync()
             assert got == list(range(50))
@@ -664,11 +670,13 @@ def test_replicated_mirror_and_sources_survive_leader_change(cluster3):
             except Exception:
                 return None
             return si.state.messages == 40 and si.state.last_seq == 40 and si
-        await until(mirrored, timeout=30)
+        # The new leader sets up its mirror consumer; if the origin's leader died with
+        # it, the first attempts fail and back off (server/stream.go's retry schedule).
+        await until(mirrored, timeout=90)
         await until(lambda: holds("MIR", 40), timeout=30)
         for seq in (1, 20, 21, 40):
             assert (await js.get_msg("MIR", seq)).data == b"a%d" % (seq - 1)
-        await until(lambda: holds("SRC", 60), timeout=30)
+        await until(lambda: holds("SRC", 60), timeout=90)
         await nc.close()
     run(main())
 
