@@ -376,15 +376,16 @@ async def up(rt) -> int:
         for p in procs.values():
             p.returncode = 0      # detached: nothing waits for them here
         return 0
-    print("Press Ctrl-C to stop the cluster")
-    sys.stdout.flush()
     stopping = {"flag": False}
 
     def on_signal(signum, frame):
         stopping["flag"] = True
 
+    # The handlers first: a Ctrl-C right after the prompt must stop the cluster too.
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    print("Press Ctrl-C to stop the cluster")
+    sys.stdout.flush()
     try:
         while not stopping["flag"]:
             if all(p.poll() is not None for p in procs.values()):
