@@ -492,9 +492,12 @@ def test_plain_server_in_the_cluster_serves_jetstream_clients(tmp_path, plain):
             assert ci.num_ack_pending == 0 and ci.delivered.stream_seq == 50
             await nc.close()
         run(main())
-        # The meta group is the three JetStream servers only.
-        meta = c.http(0, "/jsz")["meta_cluster"]
-        assert meta["cluster_size"] == 3, meta
+        # The meta group is the three JetStream servers only (a server that found the
+        # group formed without it joins it: wait for that).
+        deadline = time.monotonic() + 30
+        while (meta := c.http(0, "/jsz")["meta_cluster"]).get("cluster_size") != 3:
+            assert time.monotonic() < deadline, meta
+            time.sleep(0.1)
 
 
 def test_nats_server_jetstream_peer_is_reported_not_joined(tmp_path):
