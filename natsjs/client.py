@@ -78,21 +78,24 @@ class Client(Connection):
         super().__init__(server, sock, cid, addr, core)
         self.auth_required = server.auth_required
         core.connect_required = self.auth_required
-        self.nonce = new_nonce() if opts.auth.has_nkeys or any(
-            u.nkey for a in opts.accounts for u in a.users) else ""
+        self.nonce = new_nonce() if server.nonce_wanted else ""
         self.user = None
         # The configured secret this connection's credentials were found to match:
         # a reload that keeps it needs no second (bcrypt) check.
         self.verified_secret: str | None = None
         self.perms: PermissionChecker | None = None
         self.connect_opts: dict = {}
-        self.subs: dict[bytes, Subscription] = {}
+        # sid -> Subscription, kept by the core, which handles SUB and UNSUB itself
+        # while the connection has no subscribe permissions to check.
+        self.subs: dict[bytes, Subscription] = core.subs
+        core.on_interest = self._interest_changed
         self.name = ""
         self.lang = ""
         self.version = ""
         self.protocol = 0
         self.connect_received = False
         self.first_pong_sent = False
+        self.wait_first = True
         self.on_trace_changed()
 
     # ---- lifecycle -------------------------------------------------------------
@@ -100,6 +103,7 @@ class Client(Connection):
     async def on_start(self) -> bool:
         server = self.server
         info = server.client_info_line(self)
+        server.pinger.add(self)
         if server.tls_context is None:
             self.send(info)
             return True
@@ -115,18 +119,21 @@ class Client(Connection):
         self.flush()
         return True
 
+    def needs_tasks(self) -> bool:
+        return self.auth_required
+
     def start_tasks(self, nursery: trio.Nursery) -> None:
-        if self.auth_required:
-            nursery.start_soon(self._auth_timeout)
+        nursery.start_soon(self._auth_timeout)
 
     def on_closed(self) -> None:
-        sublist = self.account.sublist
+        self.server.pinger.discard(self)
         if self.connect_received:
             self.account.client_count -= 1
-        for sub in self.subs.values():
-            sub.closed = True
-            sublist.remove(sub)
-        self.server.route_interest(self.account, list(self.subs.values()), -1)
+        # What the core gathered before the connection failed goes out first, so
+        # that the counts the routes see stay right.
+        self.core.flush_interest()
+        self.server.route_interest(self.account, self.core.drop_all(self.account.sublist,
+                                                                     keep=True), -1)
         # Kept as it was at close for /connz?state=closed (the subscriptions are no
         # longer in any sublist; the output buffer is released).
         self.stop = trio.current_time()
@@ -140,6 +147,18 @@ class Client(Connection):
         self.core.on_trace = self._trace_in if on else None
         self.core.on_trace_payload = self._trace_payload_in if on else None
         self.core.on_trace_out = self._trace_msg_out if on else None
+        self._update_fast_subs()
+
+    def _update_fast_subs(self) -> None:
+        """SUB/UNSUB stay in the core unless something here must see each one:
+        subscribe permissions, or the trace of what is sent back."""
+        perms = getattr(self, "perms", None)
+        self.core.fast_subs = self.core.on_trace is None and (
+            perms is None or not perms.checks_subscribe)
+
+    def _interest_changed(self, subs: list, delta: int) -> None:
+        """The core's batch of SUBs (or UNSUBs) of one read."""
+        self.server.route_interest(self.account, subs, delta)
 
     def _trace(self, direction: str, text: str) -> None:
         self.server.log.trace(self.log_prefix + "%s %s", direction, text)
@@ -164,12 +183,9 @@ class Client(Connection):
     # ---- events from the core ----------------------------------------------------
 
     def auto_unsubscribe(self, sub: Subscription) -> None:
-        """A subscription reached its UNSUB max."""
-        if self.subs.get(sub.sid) is sub:
-            del self.subs[sub.sid]
-        sub.closed = True
-        if self.account.sublist.remove(sub):
-            self.server.route_interest(self.account, [sub], -1)
+        """A subscription reached its UNSUB max (or lost its permission)."""
+        self.core.unsubscribe(sub)
+        self.core.flush_interest()
 
     # ---- control operations --------------------------------------------------------
 
@@ -249,12 +265,8 @@ class Client(Connection):
             if self.account is not previous:
                 # A second CONNECT moved us to another account: what we subscribed to
                 # in the old one goes (server/client.go clearAccountSubs).
-                subs = list(self.subs.values())
-                for sub in subs:
-                    sub.closed = True
-                    previous.sublist.remove(sub)
-                self.server.route_interest(previous, subs, -1)
-                self.subs.clear()
+                self.core.flush_interest()
+                self.server.route_interest(previous, self.core.drop_all(previous.sublist), -1)
                 previous.client_count -= 1
                 self.account.client_count += 1
         else:
@@ -317,6 +329,7 @@ class Client(Connection):
             else None
         self.core.deliver_filter = self.perms.can_deliver \
             if self.perms and self.perms.checks_delivery else None
+        self._update_fast_subs()
 
     def reauthorize(self) -> None:
         """After a reload: close the connection if its credentials no longer pass."""
@@ -430,14 +443,12 @@ class Client(Connection):
                                   self._user_label(), subject.decode("utf-8", "replace"))
             self.queue_proto(b"-ERR '%s'\r\n" % text.encode())
             return
-        sub = Subscription(subject, queue, sid, self.core)
         try:
-            self.account.sublist.insert(sub)
+            self.core.add_sub(subject, queue, sid)
         except ValueError:
             self.queue_proto(b"-ERR 'Invalid Subject'\r\n")
             return
-        self.subs[sid] = sub
-        self.server.route_interest(self.account, [sub], 1)
+        self.core.flush_interest()
         self._ok()
 
     def _process_unsub(self, args: bytes) -> None:

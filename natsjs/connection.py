@@ -17,6 +17,7 @@ callback does with CONNECT, SUB, RS+ and the like.
 from __future__ import annotations
 
 import json
+import math
 import socket
 import time
 from typing import TYPE_CHECKING
@@ -51,6 +52,8 @@ S2_SLICE = 4096
 # couple of rounds.
 S2_FLUSH_MAX = 1 << 20
 S2_QUIET_ROUNDS = 2
+# Granularity of the clients' keepalive timer (Pinger).
+PING_TICK = 0.25
 
 # Reasons a connection closed, as nats-server names them in /connz.
 CLIENT_CLOSED = "Client Closed"
@@ -92,9 +95,19 @@ class Connection:
         self.pings_out = 0
         self.rtt = 0.0
         self._ping_at = 0.0
-        self._wake = trio.lowlevel.ParkingLot()
-        self._drained = trio.lowlevel.ParkingLot()
+        self.ping_slot = 0                # the Pinger's, for a client
+        # The write loop waits on _wake; producers wait on _drained for it to catch up
+        # (both made when first needed).
+        self._wake: trio.lowlevel.ParkingLot | None = None
+        self._drained: trio.lowlevel.ParkingLot | None = None
         self._scope: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
+        self._writing = False             # the write loop is running
+        self._writer_scope: trio.CancelScope | None = None
+        self._writer_done: trio.Event | None = None
+        # The peer says nothing before our INFO (a client): the read loop starts by
+        # waiting instead of with a read that can only fail.
+        self.wait_first = False
         self.closed_reason: str | None = None
         self._linger = False
         self._deferred = None             # (step, args) set by defer()
@@ -110,17 +123,22 @@ class Connection:
     # ---- lifecycle -------------------------------------------------------------
 
     async def run(self) -> None:
-        self.server.log.debug(self.log_prefix + "%s connection created", self.kind)
+        self.server.log.debug("%s%s connection created", self.log_prefix, self.kind)
         try:
             with trio.CancelScope() as scope:
-                self._scope = scope
+                self._scope = scope            # what close() cancels
                 if self.closed_reason is None and await self.on_start():
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(self._write_loop)
-                        nursery.start_soon(self._ping_loop)
-                        self.start_tasks(nursery)
+                    if self.needs_tasks():
+                        async with trio.open_nursery() as nursery:
+                            self._nursery = nursery
+                            self.start_tasks(nursery)
+                            await self._read_loop()
+                            nursery.cancel_scope.cancel()
+                    else:
+                        # The common client: its only task is this one (a nursery
+                        # per connection costs more than the rest of its set-up).
                         await self._read_loop()
-                        nursery.cancel_scope.cancel()
+            await self._stop_writer()
             if self._linger:
                 await self._linger_close()
         finally:
@@ -130,8 +148,13 @@ class Connection:
         """Greet the peer (INFO, TLS); False closes the connection."""
         return True
 
+    def needs_tasks(self) -> bool:
+        """Whether ``start_tasks`` has tasks to start (then the connection gets a
+        nursery of its own)."""
+        return True
+
     def start_tasks(self, nursery: trio.Nursery) -> None:
-        """Extra per-connection tasks (auth timeout, route handshake)."""
+        """Extra per-connection tasks (auth timeout, route keepalive)."""
 
     def on_closed(self) -> None:
         """Release what the connection held (subscriptions, registrations)."""
@@ -163,7 +186,8 @@ class Connection:
         self._try_send()
         if self._scope is not None:
             self._scope.cancel()
-        self._drained.unpark_all()
+        if self._drained is not None:
+            self._drained.unpark_all()
 
     async def _linger_close(self) -> None:
         """After an -ERR, half-close and drain briefly so the peer reads the error.
@@ -203,7 +227,8 @@ class Connection:
         if self.closed_reason is None:
             self.closed_reason = CLIENT_CLOSED
         self.core.closed = True
-        self._drained.unpark_all()
+        if self._drained is not None:
+            self._drained.unpark_all()
         try:
             self.on_closed()
         finally:
@@ -220,7 +245,8 @@ class Connection:
         server = self.server
         size = MIN_READ
         buf = bytearray(size)
-        view = memoryview(buf)
+        if self.wait_first:
+            await t.wait_readable()
         while True:
             try:
                 n = t.recv_into(buf)
@@ -236,15 +262,15 @@ class Connection:
             self.last_activity = trio.current_time()
             try:
                 if self.s2_reader is not None:
-                    self._feed_s2(view[:n])
+                    self._feed_s2(memoryview(buf)[:n])
                 else:
-                    data = view[:n]
-                    used = core.feed(data)
+                    used = core.feed(buf, n)
+                    data = None
                     while core.pause:
                         # A handler deferred the end of its operation (defer()), or
                         # switched the stream (S2 from the next byte on).
                         core.pause = False
-                        data = bytes(data[used:])
+                        data = bytes(buf[used:n]) if data is None else data[used:]
                         if self._deferred is not None:
                             step, args = self._deferred
                             self._deferred = None
@@ -289,11 +315,9 @@ class Connection:
             if n == size and size < MAX_READ:
                 size *= 2
                 buf = bytearray(size)
-                view = memoryview(buf)
             elif n < size // 2 and size > MIN_READ:
                 size //= 2
                 buf = bytearray(size)
-                view = memoryview(buf)
 
     def _feed_s2(self, data) -> None:
         """Decode an S2 stream a slice at a time, parsing as we go.
@@ -336,7 +360,7 @@ class Connection:
         if self.s2_writer is not None:
             # The write loop gathers more before compressing (see S2_FLUSH_MAX).
             self.write_blocked = True
-            self._wake.unpark()
+            self._wake_writer()
             return
         self._try_send()
 
@@ -368,7 +392,45 @@ class Connection:
             del out[:n]
         if out:
             self.write_blocked = True
+            self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        """Hand what is queued to the write loop, which waits for the socket.
+
+        The loop starts the first time it is needed: most connections never fill
+        their socket buffer, and a task fewer per connection is less to create and
+        less for the cyclic GC to walk.
+        """
+        if self._writing:
             self._wake.unpark()
+        elif self._scope is not None and self.closed_reason is None:
+            self._start_writer()
+
+    def _start_writer(self) -> None:
+        self._writing = True
+        self._wake = trio.lowlevel.ParkingLot()
+        if self._nursery is not None:
+            self._nursery.start_soon(self._write_loop)
+            return
+        # No nursery of our own: the loop runs in the server's, under a cancel scope
+        # of ours, and run() waits for it to end before the socket is closed.
+        self._writer_scope = trio.CancelScope()
+        self._writer_done = trio.Event()
+        self.server.start_connection_task(self._detached_write_loop)
+
+    async def _detached_write_loop(self) -> None:
+        try:
+            with self._writer_scope:
+                await self._write_loop()
+        finally:
+            self._writer_done.set()
+
+    async def _stop_writer(self) -> None:
+        if self._writer_done is None:
+            return
+        self._writer_scope.cancel()
+        with trio.CancelScope(shield=True):
+            await self._writer_done.wait()
 
     async def _write_loop(self) -> None:
         t = self.transport
@@ -402,7 +464,8 @@ class Connection:
                     return
                 del out[:n]
             self.write_blocked = False
-            self._drained.unpark_all()
+            if self._drained is not None:
+                self._drained.unpark_all()
 
     async def _gather(self) -> None:
         """Let a compressed flush grow while producers keep adding to it."""
@@ -418,6 +481,8 @@ class Connection:
     async def wait_drained(self, timeout: float) -> None:
         """Let a producer wait (briefly) for this connection to catch up."""
         if self.write_blocked and self.closed_reason is None:
+            if self._drained is None:
+                self._drained = trio.lowlevel.ParkingLot()
             with trio.move_on_after(timeout):
                 await self._drained.park()
 
@@ -443,16 +508,25 @@ class Connection:
         return opts.ping_interval, opts.max_pings_out
 
     async def _ping_loop(self) -> None:
+        """Keepalive in a task of the connection's own (routes; clients share a
+        ``Pinger``)."""
         while True:
-            interval, max_out = self.ping_settings()
+            interval, _ = self.ping_settings()
             await trio.sleep(interval)
-            if self.pings_out + 1 > max_out:
-                self.server.log.debug(self.log_prefix + "Stale %s Connection - Closing",
-                                      self.kind)
-                self.close(STALE_CONNECTION, "Stale Connection")
+            if not self.ping_due():
                 return
-            self.pings_out += 1
-            self.send_ping()
+
+    def ping_due(self) -> bool:
+        """The ping interval passed: PING, or close the connection if too many went
+        unanswered (False)."""
+        _, max_out = self.ping_settings()
+        if self.pings_out + 1 > max_out:
+            self.server.log.debug(self.log_prefix + "Stale %s Connection - Closing", self.kind)
+            self.close(STALE_CONNECTION, "Stale Connection")
+            return False
+        self.pings_out += 1
+        self.send_ping()
+        return True
 
     def send_ping(self) -> None:
         self._ping_at = time.monotonic()
@@ -469,3 +543,52 @@ class Connection:
 
     def pending_bytes(self) -> int:
         return len(self.core.out) + len(self._zout)
+
+
+class Pinger:
+    """Keepalive for many connections from one task (the server's clients).
+
+    A task per connection that sleeps between PINGs costs each connection a task, its
+    timer and the objects they hold; here connections wait in buckets of PING_TICK
+    seconds by when their next PING is due, and one task wakes each tick to ping what
+    is due.  A PING may come up to one tick late; a closed connection leaves its
+    bucket at once.
+    """
+
+    def __init__(self):
+        self._buckets: dict[int, set] = {}
+        self._lot = trio.lowlevel.ParkingLot()
+        self._count = 0
+
+    def add(self, conn: "Connection") -> None:
+        interval, _ = conn.ping_settings()
+        slot = math.ceil((trio.current_time() + interval) / PING_TICK)
+        bucket = self._buckets.get(slot)
+        if bucket is None:
+            bucket = self._buckets[slot] = set()
+        bucket.add(conn)
+        conn.ping_slot = slot
+        self._count += 1
+        if self._count == 1:
+            self._lot.unpark_all()
+
+    def discard(self, conn: "Connection") -> None:
+        bucket = self._buckets.get(conn.ping_slot)
+        if bucket is not None and conn in bucket:
+            bucket.discard(conn)
+            self._count -= 1
+            if not bucket:
+                del self._buckets[conn.ping_slot]
+
+    async def run(self) -> None:
+        while True:
+            if not self._count:
+                await self._lot.park()
+                continue
+            await trio.sleep(PING_TICK)
+            now = math.floor(trio.current_time() / PING_TICK)
+            for slot in sorted(k for k in self._buckets if k <= now):
+                for conn in self._buckets.pop(slot):
+                    self._count -= 1
+                    if conn.closed_reason is None and conn.ping_due():
+                        self.add(conn)

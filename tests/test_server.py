@@ -215,3 +215,25 @@ def test_accept_loop_lets_other_tasks_run_while_connections_keep_coming():
         # Between the first and the last accept of the burst, other tasks ran.
         assert progress[-1] > progress[0], progress
     trio.run(serving, server, test)
+
+
+def test_keepalive_pings_clients_and_closes_the_silent_ones():
+    """One server task pings every client each ping_interval; a client that answers
+    stays, one that leaves max_pings_out PINGs unanswered is closed as stale."""
+    server, log = new_server(ping_interval=0.3, max_pings_out=2)
+
+    async def test():
+        alive = await Conn.open(server)
+        silent = await Conn.open(server)
+        for _ in range(3):
+            await alive.until(b"PING\r\n")
+            alive.buf = b""
+            await alive.send(b"PONG\r\n")
+        await silent.until(b"-ERR 'Stale Connection'\r\n")
+        await silent.stream.aclose()
+        with trio.fail_after(TIMEOUT):
+            while len(server.clients) > 1:
+                await trio.sleep(0.01)
+        await alive.ping()
+        assert server.pinger._count == 1
+    trio.run(serving, server, test)
