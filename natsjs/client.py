@@ -75,6 +75,7 @@ class Client(Connection):
         self.account = server.account
         core = ClientCore(self._on_op, self, self.account.sublist,
                           opts.max_control_line, opts.max_payload, opts.max_pending)
+        core.max_subs = opts.max_subs
         super().__init__(server, sock, cid, addr, core)
         self.auth_required = server.auth_required
         core.connect_required = self.auth_required
@@ -121,6 +122,17 @@ class Client(Connection):
 
     def needs_tasks(self) -> bool:
         return self.auth_required
+
+    def start_in_reactor(self) -> bool:
+        server = self.server
+        if server.tls_context is not None or self.auth_required or server.reactor is None:
+            return False
+        server.log.debug("%s%s connection created", self.log_prefix, self.kind)
+        self._started = True
+        server.pinger.add(self)
+        self.send(server.client_info_line(self))
+        server.reactor.add(self)
+        return True
 
     def start_tasks(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._auth_timeout)
@@ -429,9 +441,8 @@ class Client(Connection):
             subject, queue, sid = parts
         else:
             raise ProtocolError("processSub Parse Error: %r" % args)
-        if sid in self.subs:
-            self._ok()
-            return
+        # In nats-server's order (server/client.go processSubEx): permissions, the
+        # limit, then a sid already in use.
         if self.perms is not None and not self.perms.can_subscribe(subject, queue):
             s = json.dumps(subject.decode("utf-8", "replace"))
             if queue is not None:
@@ -442,6 +453,13 @@ class Client(Connection):
             self.server.log.error(self.log_prefix + "Subscription Violation - %s, Subject %r",
                                   self._user_label(), subject.decode("utf-8", "replace"))
             self.queue_proto(b"-ERR '%s'\r\n" % text.encode())
+            return
+        if self.core.max_subs and len(self.subs) >= self.core.max_subs:
+            self.server.log.error(self.log_prefix + "maximum subscriptions exceeded")
+            self.queue_proto(b"-ERR 'maximum subscriptions exceeded'\r\n")
+            return
+        if sid in self.subs:
+            self._ok()
             return
         try:
             self.core.add_sub(subject, queue, sid)

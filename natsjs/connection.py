@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import select
 import socket
 import time
 from typing import TYPE_CHECKING
@@ -105,6 +106,8 @@ class Connection:
         self._writing = False             # the write loop is running
         self._writer_scope: trio.CancelScope | None = None
         self._writer_done: trio.Event | None = None
+        self._started = False             # being served (by a task or the reactor)
+        self._reactor: "Reactor | None" = None
         # The peer says nothing before our INFO (a client): the read loop starts by
         # waiting instead of with a read that can only fail.
         self.wait_first = False
@@ -122,8 +125,20 @@ class Connection:
 
     # ---- lifecycle -------------------------------------------------------------
 
+    def serve(self, nursery: trio.Nursery) -> None:
+        """Serve the connection: in the server's reactor when it can be served without
+        a task of its own (``start_in_reactor``), else in a task of ``nursery``."""
+        if not self.start_in_reactor():
+            nursery.start_soon(self.run)
+
+    def start_in_reactor(self) -> bool:
+        """Greet the peer and hand the socket to the reactor; False when this
+        connection needs a task (TLS, tasks of its own)."""
+        return False
+
     async def run(self) -> None:
         self.server.log.debug("%s%s connection created", self.log_prefix, self.kind)
+        self._started = True
         try:
             with trio.CancelScope() as scope:
                 self._scope = scope            # what close() cancels
@@ -135,12 +150,78 @@ class Connection:
                             await self._read_loop()
                             nursery.cancel_scope.cancel()
                     else:
-                        # The common client: its only task is this one (a nursery
-                        # per connection costs more than the rest of its set-up).
                         await self._read_loop()
-            await self._stop_writer()
-            if self._linger:
-                await self._linger_close()
+            await self._finish()
+        finally:
+            self._teardown()
+
+    async def _finish(self) -> None:
+        """After the reads: the write loop ends, an -ERR is drained to the peer."""
+        await self._stop_writer()
+        if self._linger:
+            await self._linger_close()
+
+    # ---- in the reactor ----------------------------------------------------------
+
+    def on_readable(self, buf: bytearray) -> None:
+        """The reactor saw the socket readable: one read, parsed, flushed.
+
+        ``buf`` is the reactor's, shared by every connection it serves (the parser
+        copies what a read leaves unfinished).  What needs to wait -- a handler that
+        deferred the end of its operation, a consumer to drain -- moves the
+        connection to a task of its own for the rest of its life.
+        """
+        core = self.core
+        n = self._recv(buf)
+        if n <= 0:
+            return
+        rest = self._parse(buf, n)
+        if rest is False:
+            return
+        self.server.flush_pcd(core)
+        if rest is not True:
+            self._leave_reactor(rest, None)
+        elif not core.closed and core.stalled is not None:
+            stalled, core.stalled = core.stalled, None
+            self._leave_reactor(None, stalled)
+
+    def _leave_reactor(self, rest: bytes | None, stalled) -> None:
+        self._reactor.remove(self)
+        self._reactor = None
+        self.server.start_connection_task(self._serve_in_task, rest, stalled)
+
+    async def _serve_in_task(self, rest: bytes | None, stalled) -> None:
+        """The rest of a connection that left the reactor, as ``run`` serves one."""
+        try:
+            with trio.CancelScope() as scope:
+                self._scope = scope
+                if self.closed_reason is None:
+                    if rest is not None:
+                        await self._resume(rest)
+                    elif stalled is not None:
+                        await stalled.conn.wait_drained(STALL_WAIT)
+                    if not self.core.closed:
+                        await self._read_loop()
+            await self._finish()
+        finally:
+            self._teardown()
+
+    async def _resume(self, rest: bytes) -> None:
+        """Parse on after a pause, as the read loop does (rest: what followed it)."""
+        core = self.core
+        try:
+            core.pause = True
+            await self._after_pause(rest, 0)
+        except Exception as exc:
+            self.server.flush_pcd(core)
+            self._read_failed(exc)
+            return
+        self.server.flush_pcd(core)
+
+    async def _finish_closed(self) -> None:
+        """A connection closed while in the reactor: finish and tear down in a task."""
+        try:
+            await self._finish()
         finally:
             self._teardown()
 
@@ -186,6 +267,12 @@ class Connection:
         self._try_send()
         if self._scope is not None:
             self._scope.cancel()
+        elif self._reactor is not None:
+            # Out of the reactor at once (its fd would stay readable), finished in a
+            # task: the write loop may have to end and an -ERR to drain first.
+            self._reactor.remove(self)
+            self._reactor = None
+            self.server.start_connection_task(self._finish_closed)
         if self._drained is not None:
             self._drained.unpark_all()
 
@@ -248,57 +335,22 @@ class Connection:
         if self.wait_first:
             await t.wait_readable()
         while True:
-            try:
-                n = t.recv_into(buf)
-            except BlockingIOError:
-                await t.wait_readable()
-                continue
-            except OSError:
-                self.close(READ_ERROR)
+            n = self._recv(buf)
+            if n < 0:
                 return
             if n == 0:
-                self.close(CLIENT_CLOSED)
+                await t.wait_readable()
+                continue
+            rest = self._parse(buf, n)
+            if rest is False:
                 return
-            self.last_activity = trio.current_time()
-            try:
-                if self.s2_reader is not None:
-                    self._feed_s2(memoryview(buf)[:n])
-                else:
-                    used = core.feed(buf, n)
-                    data = None
-                    while core.pause:
-                        # A handler deferred the end of its operation (defer()), or
-                        # switched the stream (S2 from the next byte on).
-                        core.pause = False
-                        data = bytes(buf[used:n]) if data is None else data[used:]
-                        if self._deferred is not None:
-                            step, args = self._deferred
-                            self._deferred = None
-                            server.flush_pcd(core)
-                            await step(*args)
-                            if core.closed:
-                                break
-                        if not data:
-                            break
-                        if self.s2_reader is not None:
-                            self._feed_s2(data)
-                            break
-                        used = core.feed(data)
-            except ProtocolError as exc:
-                server.flush_pcd(core)
-                self._protocol_error(exc)
-                return
-            except ValueError as exc:      # S2Error: a corrupt compressed stream
-                server.flush_pcd(core)
-                server.log.error(self.log_prefix + "%s", exc)
-                self.close(PROTOCOL_VIOLATION)
-                return
-            except Exception as exc:  # a bug must cost one connection, not the server
-                server.flush_pcd(core)
-                server.log.error(self.log_prefix + "internal error: %r", exc)
-                server.log.debug("%s", "".join(traceback.format_exception(exc)))
-                self.close(PROTOCOL_VIOLATION)
-                return
+            if rest is not True:
+                try:
+                    await self._after_pause(rest, 0)
+                except Exception as exc:
+                    server.flush_pcd(core)
+                    self._read_failed(exc)
+                    return
             server.flush_pcd(core)
             if core.closed:
                 return
@@ -318,6 +370,71 @@ class Connection:
             elif n < size // 2 and size > MIN_READ:
                 size //= 2
                 buf = bytearray(size)
+
+    def _recv(self, buf: bytearray) -> int:
+        """One read into ``buf``: the bytes read, 0 when there is nothing to read now,
+        -1 when the connection ended (it is closing)."""
+        try:
+            n = self.transport.recv_into(buf)
+        except BlockingIOError:
+            return 0
+        except OSError:
+            self.close(READ_ERROR)
+            return -1
+        if n == 0:
+            self.close(CLIENT_CLOSED)
+            return -1
+        self.last_activity = trio.current_time()
+        return n
+
+    def _parse(self, buf: bytearray, n: int) -> bytes | bool:
+        """Parse a read: True when done, the bytes after a pause when a handler paused
+        the parser (``_after_pause`` goes on), False when the read failed (the batch
+        was flushed and the connection is closing)."""
+        core = self.core
+        try:
+            if self.s2_reader is not None:
+                self._feed_s2(memoryview(buf)[:n])
+                return True
+            used = core.feed(buf, n)
+            return bytes(buf[used:n]) if core.pause else True
+        except Exception as exc:
+            self.server.flush_pcd(core)
+            self._read_failed(exc)
+            return False
+
+    async def _after_pause(self, data: bytes, used: int) -> None:
+        """A handler paused the parser (``core.pause``): it deferred the end of its
+        operation (defer()), or switched the stream (S2 from the next byte on).
+        ``data[used:]`` is what followed in the read."""
+        core = self.core
+        while core.pause:
+            core.pause = False
+            data = data[used:]
+            if self._deferred is not None:
+                step, args = self._deferred
+                self._deferred = None
+                self.server.flush_pcd(core)
+                await step(*args)
+                if core.closed:
+                    return
+            if not data:
+                return
+            if self.s2_reader is not None:
+                self._feed_s2(data)
+                return
+            used = core.feed(data)
+
+    def _read_failed(self, exc: Exception) -> None:
+        if isinstance(exc, ProtocolError):
+            self._protocol_error(exc)
+        elif isinstance(exc, ValueError):      # S2Error: a corrupt compressed stream
+            self.server.log.error(self.log_prefix + "%s", exc)
+            self.close(PROTOCOL_VIOLATION)
+        else:   # a bug must cost one connection, not the server
+            self.server.log.error(self.log_prefix + "internal error: %r", exc)
+            self.server.log.debug("%s", "".join(traceback.format_exception(exc)))
+            self.close(PROTOCOL_VIOLATION)
 
     def _feed_s2(self, data) -> None:
         """Decode an S2 stream a slice at a time, parsing as we go.
@@ -403,7 +520,7 @@ class Connection:
         """
         if self._writing:
             self._wake.unpark()
-        elif self._scope is not None and self.closed_reason is None:
+        elif self._started and self.closed_reason is None:
             self._start_writer()
 
     def _start_writer(self) -> None:
@@ -543,6 +660,63 @@ class Connection:
 
     def pending_bytes(self) -> int:
         return len(self.core.out) + len(self._zout)
+
+
+class Reactor:
+    """Readiness for many connections from one task: a plain client needs no task.
+
+    A task per connection, with its cancel scope and the two ``epoll_ctl`` calls
+    trio makes for every wait, is most of what a new connection costs.  The reactor
+    keeps one epoll set of its own (level-triggered: a socket stays ready until it is
+    read dry), waits for it in one trio task, and for each ready socket calls
+    ``Connection.on_readable``: one read into a buffer shared by all of them, parsed
+    and flushed as the read loop does.  What has to wait moves the connection to a
+    task (see ``on_readable``).  TLS connections, routes and clients with tasks of
+    their own (an authentication timeout) keep a task from the start.
+    """
+
+    # Read size: the largest read loop buffer.
+    BUF = MAX_READ
+
+    def __init__(self):
+        self._epoll = select.epoll()
+        self._conns: dict[int, Connection] = {}
+        self._buf = bytearray(self.BUF)
+
+    def add(self, conn: Connection) -> None:
+        fd = conn.sock.fileno()
+        self._epoll.register(fd, select.EPOLLIN)
+        self._conns[fd] = conn
+        conn._reactor = self
+
+    def remove(self, conn: Connection) -> None:
+        fd = conn.sock.fileno()
+        if self._conns.get(fd) is conn:
+            del self._conns[fd]
+            try:
+                self._epoll.unregister(fd)
+            except (OSError, ValueError):     # closed socket, or the reactor stopped
+                pass
+
+    async def run(self) -> None:
+        epoll = self._epoll
+        conns = self._conns
+        buf = self._buf
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(epoll.fileno())
+                for fd, _ in epoll.poll(0):
+                    conn = conns.get(fd)
+                    if conn is not None:
+                        conn.on_readable(buf)
+        finally:
+            # The server is stopping: what is still here goes without a goodbye.
+            for conn in list(conns.values()):
+                self.remove(conn)
+                conn._reactor = None
+                conn.closed_reason = conn.closed_reason or SERVER_SHUTDOWN
+                conn._teardown()
+            epoll.close()
 
 
 class Pinger:

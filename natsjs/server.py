@@ -50,7 +50,7 @@ from natsjs import NATS_VERSION, __version__
 from natsjs._core.interest import count_interest
 from natsjs.accounts import GLOBAL_ACCOUNT, MAX_IMPORT_HOPS, Account, Imports
 from natsjs.client import MAX_CONNECTIONS, Client
-from natsjs.connection import SERVER_SHUTDOWN, Pinger
+from natsjs.connection import SERVER_SHUTDOWN, Pinger, Reactor
 from natsjs.log import Logger
 from natsjs.monitor import go_uptime
 from natsjs.options import RANDOM_PORT, ServerOptions
@@ -174,8 +174,10 @@ class Server:
         self.shutting_down = False
         self.lame_duck = False
         self._accept_scope = trio.CancelScope()
-        # Keepalive PINGs of every client, from one task (natsjs/connection.py).
+        # Keepalive PINGs of every client, and the reads of plain clients, each from
+        # one task (natsjs/connection.py).
         self.pinger = Pinger()
+        self.reactor: Reactor | None = None
 
     # ---- running ---------------------------------------------------------------
 
@@ -214,6 +216,8 @@ class Server:
                     await nursery.start(self.cluster.run)
                 self._accept_scope = trio.CancelScope()
                 nursery.start_soon(self.pinger.run)
+                self.reactor = Reactor()
+                nursery.start_soon(self.reactor.run)
                 nursery.start_soon(self._accept_loop, lsock)
                 log.info("Server is ready")
                 self.ready.set()
@@ -335,6 +339,7 @@ class Server:
             core.max_payload = opts.max_payload
             core.max_control_line = opts.max_control_line
             core.max_pending = opts.max_pending
+            core.max_subs = opts.max_subs
             c.on_trace_changed()
             if opts.auth != old.auth or opts.accounts != old.accounts:
                 c.reauthorize()
@@ -405,10 +410,10 @@ class Server:
             if left > 0:
                 self._owner_tasks[key] = left
 
-    def start_connection_task(self, fn) -> None:
-        """Run ``await fn()`` in the root nursery: a connection's task that outlives
-        no connection (the connection cancels and awaits it)."""
-        self._nursery.start_soon(fn)
+    def start_connection_task(self, fn, *args) -> None:
+        """Run ``await fn(*args)`` in the root nursery: a task of a connection that has
+        none of its own (it sees the task end before it is torn down)."""
+        self._nursery.start_soon(fn, *args)
 
     def _listen(self, host: str, port: int) -> socket.socket:
         if port == RANDOM_PORT:
@@ -477,7 +482,7 @@ class Server:
             return
         self.clients[client.cid] = client
         self.total_connections += 1
-        self._nursery.start_soon(client.run)
+        client.serve(self._nursery)
 
     # ---- connections -----------------------------------------------------------
 
@@ -718,6 +723,7 @@ class Server:
             "max_control_line": opts.max_control_line,
             "max_payload": opts.max_payload,
             "max_pending": opts.max_pending,
+            **({"max_subscriptions": opts.max_subs} if opts.max_subs else {}),
             "cluster": self._varz_cluster(),
             "gateway": {},
             "leaf": {},

@@ -379,11 +379,11 @@ cdef class ClientCore(Conn):
             queue = PyBytes_FromStringAndSize(<const char*>arg + starts[1], lens[1])
         else:
             return 0
+        if self.max_subs > 0 and len(self.subs) >= self.max_subs:
+            return 0
         sid = PyBytes_FromStringAndSize(<const char*>arg + starts[k], lens[k])
         if sid in self.subs:
             return self._ok()
-        if self.max_subs > 0 and len(self.subs) >= self.max_subs:
-            return 0
         try:
             self.add_sub(PyBytes_FromStringAndSize(<const char*>arg + starts[0], lens[0]),
                          queue, sid)
