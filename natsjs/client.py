@@ -162,11 +162,12 @@ class Client(Connection):
         self._update_fast_subs()
 
     def _update_fast_subs(self) -> None:
-        """SUB/UNSUB stay in the core unless something here must see each one:
-        subscribe permissions, or the trace of what is sent back."""
+        """SUB/UNSUB stay in the core unless the trace must show what is sent back;
+        subscribe permissions are checked from the core, as publish ones are."""
         perms = getattr(self, "perms", None)
-        self.core.fast_subs = self.core.on_trace is None and (
-            perms is None or not perms.checks_subscribe)
+        self.core.fast_subs = self.core.on_trace is None
+        self.core.sub_check = perms.can_subscribe if perms is not None and \
+            perms.checks_subscribe else None
 
     def _interest_changed(self, subs: list, delta: int) -> None:
         """The core's batch of SUBs (or UNSUBs) of one read."""

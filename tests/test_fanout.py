@@ -220,3 +220,19 @@ def test_remote_interest_without_arguments_goes_to_python():
     core, rec, sls = route()
     core.feed(b"RS+\r\nRS-  \r\n")
     assert [op for op, _ in rec.ops] == [P.RS_PLUS, P.RS_MINUS] and not core.remote_subs
+
+
+def test_subscribe_permissions_checked_from_the_core():
+    """With a sub_check the core still subscribes in C; a refusal goes to Python."""
+    core, rec = client()
+    asked = []
+
+    def check(subject, queue):
+        asked.append((subject, queue))
+        return not subject.startswith(b"secret")
+    core.sub_check = check
+    core.feed(b"SUB ok.1 1\r\nSUB secret.x q 2\r\nSUB ok.2 g 3\r\n")
+    assert asked == [(b"ok.1", None), (b"secret.x", b"q"), (b"ok.2", b"g")]
+    assert sorted(core.subs) == [b"1", b"3"]
+    assert rec.ops == [(P.SUB, b"secret.x q 2")]
+    assert [sids for sids, _ in rec.batches] == [[(b"ok.1", None, b"1")], [(b"ok.2", b"g", b"3")]]

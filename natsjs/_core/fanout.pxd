@@ -78,6 +78,9 @@ cdef class ClientCore(Conn):
     # on_interest(subs, delta), where the server counts them and tells the routes.
     cdef public dict subs
     cdef public bint fast_subs
+    # Subscribe permissions, None when the client has none: sub_check(subject, queue)
+    # -> bool; a refusal goes to Python, which reports it.
+    cdef public object sub_check
     cdef public object on_interest
     cdef public Py_ssize_t max_subs    # 0: no limit
     cdef list ipending                 # subscriptions added (idelta 1) or removed (-1)

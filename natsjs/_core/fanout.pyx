@@ -347,6 +347,7 @@ cdef class ClientCore(Conn):
         self.route_reply = None
         self.subs = {}
         self.fast_subs = False
+        self.sub_check = None
         self.on_interest = None
         self.max_subs = 0
         self.ipending = None
@@ -364,13 +365,13 @@ cdef class ClientCore(Conn):
         return 0
 
     cdef int _process_sub(self, const unsigned char* arg, Py_ssize_t n) except -1:
-        """``SUB subject [queue] sid``; 0 hands it to Python (a malformed line, the
-        limit reached) so that errors are reported in one place."""
+        """``SUB subject [queue] sid``; 0 hands it to Python (a malformed line, a
+        permission refused, the limit reached) so that errors are reported in one
+        place."""
         cdef Py_ssize_t starts[4]
         cdef Py_ssize_t lens[4]
         cdef Py_ssize_t c, k
-        cdef bytes sid, queue = None
-        cdef Subscription sub
+        cdef bytes sid, subject, queue = None
         c = split_args(arg, n, starts, lens, 3)
         if c == 2:
             k = 1
@@ -381,12 +382,14 @@ cdef class ClientCore(Conn):
             return 0
         if self.max_subs > 0 and len(self.subs) >= self.max_subs:
             return 0
+        subject = PyBytes_FromStringAndSize(<const char*>arg + starts[0], lens[0])
+        if self.sub_check is not None and not self.sub_check(subject, queue):
+            return 0
         sid = PyBytes_FromStringAndSize(<const char*>arg + starts[k], lens[k])
         if sid in self.subs:
             return self._ok()
         try:
-            self.add_sub(PyBytes_FromStringAndSize(<const char*>arg + starts[0], lens[0]),
-                         queue, sid)
+            self.add_sub(subject, queue, sid)
         except ValueError:
             self.out += b"-ERR 'Invalid Subject'\r\n"
             self.queued(self)
