@@ -8,6 +8,15 @@ every connection written to is flushed once (``Server.flush_pcd``) -- straight f
 the reader with one non-blocking ``send`` when the socket has room, else by waking
 that connection's write loop, which waits for the socket under the write deadline.
 
+Who does step 1: a plain client (no TLS, no authentication timeout) is read by the
+server's ``Reactor``, one task over an epoll set of its own that reads whichever
+sockets are ready; a connection that must wait for something (a deferred operation, a
+consumer to drain), a TLS client and a route each have a task running the read loop.
+The write loop, a task too, starts only the first time a socket fills.  Keepalive
+PINGs for clients come from one ``Pinger`` task.  So a plain client costs no task of
+its own: at thousands of connections the tasks, their cancel scopes and trio's
+per-wait ``epoll_ctl`` calls were most of what setting one up cost.
+
 The transport (natsjs/tls.py) is the plain non-blocking socket, or TLS over it,
 driven with trio's ``wait_readable``/``wait_writable``: the readiness model trio's
 own sockets use, without their per-call wrapper costs on the hot path.  Subclasses

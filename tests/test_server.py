@@ -237,3 +237,34 @@ def test_keepalive_pings_clients_and_closes_the_silent_ones():
         await alive.ping()
         assert server.pinger._count == 1
     trio.run(serving, server, test)
+
+
+def test_a_client_leaves_the_reactor_for_a_task_and_goes_on():
+    """Plain clients are read by the server's reactor; one that has to wait (a
+    consumer to drain, the rest of a read after a pause) is served by a task from then
+    on, without losing what it had read, and closes as any other."""
+    server, log = new_server()
+
+    async def test():
+        a = await Conn.open(server)
+        b = await Conn.open(server)
+        ca, cb = sorted(server.clients.values(), key=lambda c: c.cid)
+        assert ca._reactor is server.reactor and cb._reactor is server.reactor
+        # a: as after a stall on b (it waits for b to drain, then reads on)
+        ca._leave_reactor(None, cb.core)
+        # b: as after a pause, with the rest of its read still to parse
+        cb.core.pause = True
+        cb._leave_reactor(b"SUB x 1\r\nPING\r\n", None)
+        await b.until(b"PONG\r\n")
+        assert ca._reactor is None and cb._reactor is None
+        await a.send(b"PUB x 2\r\nhi\r\n")
+        await a.ping()
+        b.buf = b""
+        await b.until(b"MSG x 1 2\r\nhi\r\n")
+        await a.stream.aclose()
+        with trio.fail_after(TIMEOUT):
+            while len(server.clients) > 1:
+                await trio.sleep(0.01)
+        await b.ping()
+        assert ca.closed_reason == "Client Closed"
+    trio.run(serving, server, test)
