@@ -12,7 +12,9 @@ raw-socket load generator (this module) that drives both servers byte for byte t
 * ``route``: a server holding ``--subs`` subscriptions (one client, as in ``subs``) is
   joined by a second server that routes to it; the time is from the second server's
   first monitoring answer (before it has dialled anyone: both servers start their
-  monitoring port before routing) until its ``/subsz`` counts the subscriptions.
+  monitoring port before routing) until its ``/routez`` counts that many subscriptions
+  on its routes (the few the servers' own internal subscriptions add make no
+  difference at this size).
 
 Each load runs ``--repeat`` times per server on fresh processes, the order alternating;
 the table gives medians and the natsjs/nats-server ratio of rates (for RSS, of
@@ -186,25 +188,25 @@ def load_conns(port: int, conns: int, subs_each: int, window: int, timeout: floa
     return {"ops": conns, "seconds": seconds, "rate": conns / seconds}
 
 
-def wait_subsz(http_port: int, target: int, timeout: float) -> tuple[float, float, int]:
-    """Poll ``/subsz`` until it counts ``target`` more subscriptions than at the first
-    answer; returns (first answer, done, count) as perf_counter times."""
+def wait_remote_interest(http_port: int, target: int,
+                         timeout: float) -> tuple[float, float, int]:
+    """Poll ``/routez`` until the server's routes hold ``target`` subscriptions of its
+    peers; returns (first answer, done) as perf_counter times and the count."""
     deadline = time.monotonic() + timeout
     first = None
-    base = 0
     count = 0
     while time.monotonic() < deadline:
-        d = _http_json(http_port, "/subsz")
+        d = _http_json(http_port, "/routez")
         now = time.perf_counter()
-        if d is not None and "num_subscriptions" in d:
-            count = d["num_subscriptions"]
+        if d is not None and "routes" in d:
             if first is None:
-                first, base = now, count
-            if count >= base + target:
+                first = now
+            count = sum(r.get("subscriptions", 0) for r in d.get("routes") or [])
+            if count >= target:
                 return first, now, count
         time.sleep(0.005)
-    raise TimeoutError("/subsz on :%d at %d of %d after %gs" % (http_port, count - base,
-                                                                 target, timeout))
+    raise TimeoutError("/routez on :%d: %d of %d remote subscriptions after %gs"
+                       % (http_port, count, target, timeout))
 
 
 # --------------------------------------------------------------------------- one measurement
@@ -238,7 +240,7 @@ def measure(kind: ServerKind, load: str, args, work: Path) -> dict:
             procs.append(launch(kind, ["-a", HOST, "-p", str(pb), "-m", str(hb), "-n", "ctl-b",
                                        *cluster, "--cluster", f"nats://{HOST}:{cb}",
                                        "--routes", f"nats://{HOST}:{ca}"], log_b, pin))
-            first, done, count = wait_subsz(hb, args.subs, args.timeout)
+            first, done, count = wait_remote_interest(hb, args.subs, args.timeout)
             rss_b = rss_bytes(procs[1].pid)
         finally:
             c.close()
@@ -289,6 +291,13 @@ def table(summary: list[dict], servers: list[str], args) -> str:
                 cells.append("–")
         lines.append("| " + " | ".join([title] + cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def failures(rows: list[dict]) -> str:
+    """The measurements that failed, one line each (empty when none did)."""
+    return "".join("- %s on %s, repeat %d: %s\n" % (r["load"], r["server"], r["repeat"],
+                                                     r["error"])
+                   for r in rows if r.get("error"))
 
 
 def result_row(row: dict, slot: int, args) -> dict:
@@ -372,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
                         writer.add_result(result_row(row, len(rows) - 1, args))
                         writer.flush()
     text = table(summarise(rows, servers, loads), servers, args)
+    if failures(rows):
+        text += "\n" + failures(rows)
     if args.pin:
         text = "pinned: servers on core %d, this generator on core %d\n\n" % (SERVER_CPU,
                                                                               LOAD_CPU) + text

@@ -30,9 +30,8 @@ import math
 import select
 import socket
 import time
-from typing import TYPE_CHECKING
-
 import traceback
+from typing import TYPE_CHECKING
 
 import trio
 
