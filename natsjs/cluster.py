@@ -28,6 +28,7 @@ messages then take exactly one hop.  Wire behaviour follows nats-server v2.10+
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -144,6 +145,8 @@ class Cluster:
         self.adopted: set[str] = set()
         # Implicit (gossiped) dials under way: (url, account).
         self._implicit: set[tuple[str, str | None]] = set()
+        # (url, account) of every dial loop running, with the route it made.
+        self._dialling: collections.Counter = collections.Counter()
         self.sublists: dict[bytes, object] = {}
         self.port = 0
         self.host = copts.host
@@ -269,6 +272,8 @@ class Cluster:
         copts = self.copts
         attempts = 0
         delay = CONNECT_DELAY
+        key = (s.url, s.account)
+        self._dialling[key] += 1
         try:
             if wait:
                 await trio.sleep(wait)
@@ -295,6 +300,9 @@ class Cluster:
                 return
         finally:
             self._implicit.discard((s.url, s.account))
+            self._dialling[key] -= 1
+            if self._dialling[key] <= 0:
+                del self._dialling[key]
 
     def _reconnect(self, route: Route) -> None:
         """Redial a closed route if nats-server would (server/client.go
@@ -708,7 +716,15 @@ class Cluster:
             if not (route.dialled and route.solicit is not None
                     and not route.solicit.explicit):
                 self._gossip(remote, route, account)
-        elif route.dialled and not remote.no_pool and \
+        elif route.dialled and first and not remote.no_pool:
+            # A connection to this server again after all had gone: its accounts'
+            # own connections come back too (a pinned one closed for good while the
+            # peer was away would otherwise leave the account without a route).
+            for acc in self._wanted_dedicated():
+                if acc not in remote.refused and not usable(remote.pinned.get(acc)) \
+                        and (remote.url, acc) not in self._dialling:
+                    self._dial_dedicated(remote, acc)
+        if account is None and route.dialled and not remote.no_pool and \
                 any(r is None for r in remote.pool[:self._pool_target(remote)]):
             # Fill the pool one connection at a time, the next once this one has
             # proved itself with a PONG (route.go addRoute, startNewRoute).
@@ -749,9 +765,14 @@ class Cluster:
         self.routes.discard(route)
         self._drop_remote_subs(route, list(route.remote_subs))
         if route.dialled and route.account is not None and not route.ponged \
-                and route.closed_reason != DUPLICATE_ROUTE and not self.server.shutting_down:
+                and route.closed_reason != DUPLICATE_ROUTE and not route.retry \
+                and not (route.remote_info or {}).get("natsjs") \
+                and not self.server.shutting_down:
             # Closed before it ever answered a PING: nats-server refused it (its
-            # -ERR may be lost in the close).  Carry the account on the pool.
+            # -ERR may be lost in the close).  Carry the account on the pool.  Not
+            # so when the peer closed it because both of us dialled at once (it is
+            # redialled) or when the peer is natsjs, which takes a dedicated
+            # connection for every account it has and says so when it has not.
             route.no_reconnect = True
             self.dedicated_refused(route)
         remote = route.remote
