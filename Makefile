@@ -47,10 +47,24 @@ BENCH_TOOLS = $(if $(NATSBENCH),--natsbench $(NATSBENCH))
 
 .PHONY: analyze
 
-# Both servers, same load, alternating; a ratio table on stdout, traces in results/<run>/.
+# Both servers, same load, alternating; a ratio table on stdout, traces in results/<run>/:
+# the natsbench scenarios (bench.run), then the control-plane loads (bench.control).
+# PIN=1: every server on core 0, the load generator on core 1 (taskset).
+PIN ?= 0
+CONTROL_ARGS ?=
+BENCH_PIN = $(if $(filter 1,$(PIN)),--pin)
 bench: build
 	$(PY) -m bench.run $(BENCH_TOOLS) $(if $(NATS_SERVER),--nats-server $(NATS_SERVER)) \
-		--results $(RESULTS) $(BENCH_ARGS)
+		--results $(RESULTS) $(BENCH_PIN) $(BENCH_ARGS)
+	$(PY) -m bench.control $(if $(NATS_SERVER),--nats-server $(NATS_SERVER)) \
+		--results $(RESULTS) $(BENCH_PIN) $(CONTROL_ARGS)
+
+# The control-plane loads alone: subscribe rate and RSS per subscription, connection
+# set-up, route interest exchange when a server joins (bench/README.md).
+.PHONY: bench-control
+bench-control: build
+	$(PY) -m bench.control $(if $(NATS_SERVER),--nats-server $(NATS_SERVER)) \
+		--results $(RESULTS) $(BENCH_PIN) $(CONTROL_ARGS)
 
 # Spark (local mode unless SPARK_MASTER says otherwise) over every run in results/.
 analyze: install

@@ -32,7 +32,7 @@ import nats
 import nats.js.errors
 
 from .scenarios import load
-from .servers import NATSJS, REFERENCE, ServerKind, find_nats_server, find_natsjs_cmd, running
+from .servers import NATSJS, REFERENCE, running, server_kinds
 
 STREAM = "FAILOVER"
 
@@ -154,15 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write every run's figures here")
     args = ap.parse_args(argv)
     topology = load().topologies["cluster3-js"]
-    kinds = []
-    for label in [s.strip() for s in args.servers.split(",") if s.strip()]:
-        if label == REFERENCE:
-            ns = find_nats_server(args.nats_server)
-            if not ns:
-                raise SystemExit("nats-server not found: pass --nats-server PATH")
-            kinds.append(ServerKind(REFERENCE, (ns,)))
-        elif label == NATSJS:
-            kinds.append(ServerKind(NATSJS, find_natsjs_cmd(args.natsjs_cmd)))
+    kinds = server_kinds(args.servers, args.nats_server, args.natsjs_cmd)
     runs: dict[str, list[dict]] = {k.label: [] for k in kinds}
     for rep in range(args.repeat):
         for kind in (kinds if rep % 2 == 0 else kinds[::-1]):

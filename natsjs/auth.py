@@ -427,6 +427,10 @@ class PermissionChecker:
                                    time.monotonic() + self.response.expires]
 
     @property
+    def checks_subscribe(self) -> bool:
+        return self._sub_allow is not None or self._sub_deny is not None
+
+    @property
     def checks_delivery(self) -> bool:
         return self._sub_deny is not None
 

@@ -318,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _run(opts: ServerOptions, log: Logger, argv: list[str]) -> int:
+    from natsjs import gcpolicy
     from natsjs.server import Server
     server = Server(opts, log)
     if opts.pid_file:
@@ -353,6 +354,8 @@ async def _run(opts: ServerOptions, log: Logger, argv: list[str]) -> int:
                 log.fatal("%s", found)
                 nursery.cancel_scope.cancel()
                 return 1
+            # What the server built to start lives as long as it does (gcpolicy.py).
+            gcpolicy.tune()
             await server.stopped.wait()
             nursery.cancel_scope.cancel()
     finally:

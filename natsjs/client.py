@@ -75,24 +75,28 @@ class Client(Connection):
         self.account = server.account
         core = ClientCore(self._on_op, self, self.account.sublist,
                           opts.max_control_line, opts.max_payload, opts.max_pending)
+        core.max_subs = opts.max_subs
         super().__init__(server, sock, cid, addr, core)
         self.auth_required = server.auth_required
         core.connect_required = self.auth_required
-        self.nonce = new_nonce() if opts.auth.has_nkeys or any(
-            u.nkey for a in opts.accounts for u in a.users) else ""
+        self.nonce = new_nonce() if server.nonce_wanted else ""
         self.user = None
         # The configured secret this connection's credentials were found to match:
         # a reload that keeps it needs no second (bcrypt) check.
         self.verified_secret: str | None = None
         self.perms: PermissionChecker | None = None
         self.connect_opts: dict = {}
-        self.subs: dict[bytes, Subscription] = {}
+        # sid -> Subscription, kept by the core, which handles SUB and UNSUB itself
+        # while the connection has no subscribe permissions to check.
+        self.subs: dict[bytes, Subscription] = core.subs
+        core.on_interest = self._interest_changed
         self.name = ""
         self.lang = ""
         self.version = ""
         self.protocol = 0
         self.connect_received = False
         self.first_pong_sent = False
+        self.wait_first = True
         self.on_trace_changed()
 
     # ---- lifecycle -------------------------------------------------------------
@@ -100,6 +104,7 @@ class Client(Connection):
     async def on_start(self) -> bool:
         server = self.server
         info = server.client_info_line(self)
+        server.pinger.add(self)
         if server.tls_context is None:
             self.send(info)
             return True
@@ -115,18 +120,32 @@ class Client(Connection):
         self.flush()
         return True
 
+    def needs_tasks(self) -> bool:
+        return self.auth_required
+
+    def start_in_reactor(self) -> bool:
+        server = self.server
+        if server.tls_context is not None or self.auth_required or server.reactor is None:
+            return False
+        server.log.debug("%s%s connection created", self.log_prefix, self.kind)
+        self._started = True
+        server.pinger.add(self)
+        self.send(server.client_info_line(self))
+        server.reactor.add(self)
+        return True
+
     def start_tasks(self, nursery: trio.Nursery) -> None:
-        if self.auth_required:
-            nursery.start_soon(self._auth_timeout)
+        nursery.start_soon(self._auth_timeout)
 
     def on_closed(self) -> None:
-        sublist = self.account.sublist
+        self.server.pinger.discard(self)
         if self.connect_received:
             self.account.client_count -= 1
-        for sub in self.subs.values():
-            sub.closed = True
-            sublist.remove(sub)
-        self.server.route_interest(self.account, list(self.subs.values()), -1)
+        # What the core gathered before the connection failed goes out first, so
+        # that the counts the routes see stay right.
+        self.core.flush_interest()
+        self.server.route_interest(self.account, self.core.drop_all(self.account.sublist,
+                                                                     keep=True), -1)
         # Kept as it was at close for /connz?state=closed (the subscriptions are no
         # longer in any sublist; the output buffer is released).
         self.stop = trio.current_time()
@@ -140,6 +159,19 @@ class Client(Connection):
         self.core.on_trace = self._trace_in if on else None
         self.core.on_trace_payload = self._trace_payload_in if on else None
         self.core.on_trace_out = self._trace_msg_out if on else None
+        self._update_fast_subs()
+
+    def _update_fast_subs(self) -> None:
+        """SUB/UNSUB stay in the core unless the trace must show what is sent back;
+        subscribe permissions are checked from the core, as publish ones are."""
+        perms = getattr(self, "perms", None)
+        self.core.fast_subs = self.core.on_trace is None
+        self.core.sub_check = perms.can_subscribe if perms is not None and \
+            perms.checks_subscribe else None
+
+    def _interest_changed(self, subs: list, delta: int) -> None:
+        """The core's batch of SUBs (or UNSUBs) of one read."""
+        self.server.route_interest(self.account, subs, delta)
 
     def _trace(self, direction: str, text: str) -> None:
         self.server.log.trace(self.log_prefix + "%s %s", direction, text)
@@ -164,12 +196,9 @@ class Client(Connection):
     # ---- events from the core ----------------------------------------------------
 
     def auto_unsubscribe(self, sub: Subscription) -> None:
-        """A subscription reached its UNSUB max."""
-        if self.subs.get(sub.sid) is sub:
-            del self.subs[sub.sid]
-        sub.closed = True
-        if self.account.sublist.remove(sub):
-            self.server.route_interest(self.account, [sub], -1)
+        """A subscription reached its UNSUB max (or lost its permission)."""
+        self.core.unsubscribe(sub)
+        self.core.flush_interest()
 
     # ---- control operations --------------------------------------------------------
 
@@ -249,12 +278,8 @@ class Client(Connection):
             if self.account is not previous:
                 # A second CONNECT moved us to another account: what we subscribed to
                 # in the old one goes (server/client.go clearAccountSubs).
-                subs = list(self.subs.values())
-                for sub in subs:
-                    sub.closed = True
-                    previous.sublist.remove(sub)
-                self.server.route_interest(previous, subs, -1)
-                self.subs.clear()
+                self.core.flush_interest()
+                self.server.route_interest(previous, self.core.drop_all(previous.sublist), -1)
                 previous.client_count -= 1
                 self.account.client_count += 1
         else:
@@ -317,6 +342,7 @@ class Client(Connection):
             else None
         self.core.deliver_filter = self.perms.can_deliver \
             if self.perms and self.perms.checks_delivery else None
+        self._update_fast_subs()
 
     def reauthorize(self) -> None:
         """After a reload: close the connection if its credentials no longer pass."""
@@ -416,9 +442,8 @@ class Client(Connection):
             subject, queue, sid = parts
         else:
             raise ProtocolError("processSub Parse Error: %r" % args)
-        if sid in self.subs:
-            self._ok()
-            return
+        # In nats-server's order (server/client.go processSubEx): permissions, the
+        # limit, then a sid already in use.
         if self.perms is not None and not self.perms.can_subscribe(subject, queue):
             s = json.dumps(subject.decode("utf-8", "replace"))
             if queue is not None:
@@ -430,14 +455,19 @@ class Client(Connection):
                                   self._user_label(), subject.decode("utf-8", "replace"))
             self.queue_proto(b"-ERR '%s'\r\n" % text.encode())
             return
-        sub = Subscription(subject, queue, sid, self.core)
+        if self.core.max_subs and len(self.subs) >= self.core.max_subs:
+            self.server.log.error(self.log_prefix + "maximum subscriptions exceeded")
+            self.queue_proto(b"-ERR 'maximum subscriptions exceeded'\r\n")
+            return
+        if sid in self.subs:
+            self._ok()
+            return
         try:
-            self.account.sublist.insert(sub)
+            self.core.add_sub(subject, queue, sid)
         except ValueError:
             self.queue_proto(b"-ERR 'Invalid Subject'\r\n")
             return
-        self.subs[sid] = sub
-        self.server.route_interest(self.account, [sub], 1)
+        self.core.flush_interest()
         self._ok()
 
     def _process_unsub(self, args: bytes) -> None:

@@ -42,6 +42,8 @@ from urllib.parse import urlsplit
 import trio
 
 from natsjs import NATS_VERSION, __version__
+from natsjs._core.fanout import PeerSubs
+from natsjs._core.interest import interest_lines, rm_items, rm_lines
 from natsjs.auth import Permissions, PermissionChecker, SubjectPermission
 from natsjs.options import (COMPRESSION_ACCEPT, COMPRESSION_OFF, COMPRESSION_S2_AUTO,
                             ClusterOptions)
@@ -104,9 +106,14 @@ class Remote:
     leaving: dict = field(default_factory=dict)     # account -> [Route]
     retiring: list = field(default_factory=list)    # Routes out of their slot, closing
     refused: set = field(default_factory=set)       # accounts it has no route for
-    nsubs: int = 0           # its subscriptions held here, on all its connections
+    subs: PeerSubs = field(default_factory=PeerSubs)   # its interest held here, and the limit
     ignored: int = 0         # RS+ ignored over max_remote_subs
     ignored_logged: float = 0.0
+
+    @property
+    def nsubs(self) -> int:
+        """Its subscriptions held here, on all its connections."""
+        return self.subs.count
 
     def routes(self) -> list[Route]:
         return [r for r in self.pool if r is not None] + list(self.pinned.values()) \
@@ -364,6 +371,8 @@ class Cluster:
             new = dataclasses.replace(new, host=old.host, port=old.port, name=old.name)
         old_pinned = set(self.pinned_accounts())
         self.copts = new
+        for remote in self.remotes.values():
+            remote.subs.limit = new.max_remote_subs
         if new.permissions != old.permissions:
             self._reload_permissions()
             notes.append("permissions")
@@ -418,7 +427,7 @@ class Cluster:
                 if acc is None or not route.registered or route.closed_reason is not None:
                     continue
                 lines = []
-                for (subject, queue), n in acc.rm.items():
+                for subject, queue, n in rm_items(acc.rm):
                     now = self.can_import(subject)
                     if now != could(subject):
                         lines.append(self._proto(route, account, subject, queue, n, now))
@@ -426,9 +435,10 @@ class Cluster:
                     route.send(b"".join(lines))
         line = self._async_info_line()
         for route in list(self.routes):
+            route.update_fast_path()
             if route.registered and route.closed_reason is None:
-                self._drop_remote_subs(route, [k for k in route.remote_subs
-                                               if not self.can_export(k[1])])
+                self._drop_remote_subs(route, [k for k, sub in route.remote_subs.items()
+                                               if not self.can_export(sub.subject)])
                 route.send(line)
 
     def _reload_pool_and_pinned(self, old_pinned: set[str], resized: bool) -> None:
@@ -688,6 +698,9 @@ class Cluster:
         route.remote = remote
         route.registered = True
         route.core.peer = remote
+        remote.subs.limit = self.copts.max_remote_subs
+        route.core.peer_subs = remote.subs
+        route.update_fast_path()
         if route.solicit is not None:
             self._implicit.discard((route.solicit.url, route.account))
         server.log.debug(route.log_prefix + "Registering remote route %r%s", sid,
@@ -771,16 +784,9 @@ class Cluster:
         self._reconnect(route)
 
     def _drop_remote_subs(self, route: Route, keys: list) -> None:
+        drop = route.core.drop_remote
         for key in keys:
-            sub = route.remote_subs.pop(key, None)
-            if sub is None:
-                continue
-            if route.remote is not None:
-                route.remote.nsubs -= 1
-            sub.closed = True
-            sl = self.sublists.get(key[0])
-            if sl is not None:
-                sl.remove(sub)
+            drop(key)
 
     def _unregister(self, route: Route, remote: Remote) -> None:
         if route.account is not None and remote.pinned.get(route.account) is route:
@@ -826,6 +832,7 @@ class Cluster:
         if route.retiring or remote is None or route.closed_reason is not None:
             return
         route.retiring = True
+        route.update_fast_path()
         route.no_reconnect = True
         if route.account is not None and remote.pinned.get(route.account) is route:
             del remote.pinned[route.account]
@@ -1105,9 +1112,16 @@ class Cluster:
         acc = self.server.accounts.get(account)
         if acc is None:
             return b""
+        if self.perms is None and only is None:
+            return rm_lines(acc.rm, self._acc_prefix(route, account), add)
         return b"".join(self._proto(route, account, subject, queue, n, add)
-                        for (subject, queue), n in acc.rm.items()
+                        for subject, queue, n in rm_items(acc.rm)
                         if self.can_import(subject) and (only is None or only(subject)))
+
+    @staticmethod
+    def _acc_prefix(route: Route, account: str) -> bytes:
+        """What precedes the subject in RS+/RS- (none on a pinned connection)."""
+        return b"" if route.account is not None else account.encode() + b" "
 
     def _place(self, remote: Remote, account: str) -> None:
         new = self._carrier(remote, account)
@@ -1152,7 +1166,7 @@ class Cluster:
     @staticmethod
     def _proto(route: Route, account: str, subject: bytes, queue: bytes | None, n: int,
                add: bool) -> bytes:
-        acc = b"" if route.account is not None else account.encode() + b" "
+        acc = Cluster._acc_prefix(route, account)
         if add:
             if queue is None:
                 return b"RS+ " + acc + subject + b"\r\n"
@@ -1161,24 +1175,27 @@ class Cluster:
             return b"RS- " + acc + subject + b"\r\n"
         return b"RS- " + acc + subject + b" " + queue + b"\r\n"
 
-    def interest_changed(self, account, sub, n: int, delta: int) -> None:
-        """A local subscription came or went; ``n`` is the new local count."""
-        if sub.queue is None:
-            if (delta > 0 and n != 1) or (delta < 0 and n != 0):
-                return
-            add = delta > 0
-        else:
-            add = n > 0
-        if not self.can_import(sub.subject):
+    def interest_changed(self, account, subs: list, delta: int) -> None:
+        """Local subscriptions came (``delta`` 1) or went (-1), as
+        natsjs/_core/interest.pyx count_interest picked them: the peers hear of them,
+        the lines of a whole batch in one write per connection."""
+        if self.perms is not None:
+            subs = [sub for sub in subs if self.can_import(sub.subject)]
+        if not subs:
             return
         name = account.name
+        lines: dict[bytes, bytearray] = {}
         for remote in self.remotes.values():
             self._place(remote, name)
             route = remote.placed.get(name)
             targets = ([route] if route is not None else []) + remote.leaving.get(name, [])
             for r in targets:
                 if r.registered and r.closed_reason is None:
-                    r.send(self._proto(r, name, sub.subject, sub.queue, n, add))
+                    prefix = self._acc_prefix(r, name)
+                    data = lines.get(prefix)
+                    if data is None:
+                        data = lines[prefix] = interest_lines(subs, account.rm, prefix, delta)
+                    r.send(data)
 
     def _drop_pooled_interest(self, route: Route, account: str) -> None:
         """The peer's interest in ``account`` now comes on ``route`` (its dedicated
@@ -1186,10 +1203,10 @@ class Cluster:
         remote = route.remote
         if remote is None or remote.pinned.get(account) is not route:
             return
-        acc = account.encode()
+        prefix = account.encode() + b" "
         for r in remote.pool:
             if r is not None:
-                self._drop_remote_subs(r, [k for k in r.remote_subs if k[0] == acc])
+                self._drop_remote_subs(r, [k for k in r.remote_subs if k.startswith(prefix)])
                 self._retire_check(r)
 
     def _parse_interest(self, route: Route, args: bytes, add: bool):
@@ -1211,7 +1228,6 @@ class Cluster:
 
     def remote_sub(self, route: Route, args: bytes) -> None:
         from natsjs._core.parser import ProtocolError
-        from natsjs._core.sublist import Subscription
         try:
             acc, subject, queue, weight = self._parse_interest(route, args, True)
         except ValueError as exc:
@@ -1232,7 +1248,7 @@ class Cluster:
             self.server.log.debug(route.log_prefix + 'Can not export "%s", ignoring remote '
                                   'subscription request', subject.decode(errors="replace"))
             return
-        key = (acc, subject, queue)
+        key = acc + b" " + subject + ((b" " + queue) if queue else b"")
         sub = route.remote_subs.get(key)
         if sub is not None:
             if queue is not None and sub.qweight != weight:
@@ -1244,15 +1260,10 @@ class Cluster:
         if remote.nsubs >= self.copts.max_remote_subs:
             self._too_many_subs(route, remote, acc, subject)
             return
-        sid = b"R " + acc + b" " + subject + ((b" " + queue) if queue else b"")
-        sub = Subscription(subject, queue, sid, route.core, None, 0, weight)
         try:
-            sl.insert(sub)
+            route.core.add_remote(sl, key, subject, queue, weight)
         except ValueError:
             self.server.log.error(route.log_prefix + "Error inserting remote subject %r", subject)
-            return
-        route.remote_subs[key] = sub
-        remote.nsubs += 1
 
     def _too_many_subs(self, route: Route, remote: Remote, acc: bytes, subject: bytes) -> None:
         """A peer over max_remote_subs: its new interest is ignored (messages on those
@@ -1278,7 +1289,7 @@ class Cluster:
             acc, subject, queue, _ = self._parse_interest(route, args, False)
         except ValueError as exc:
             raise ProtocolError("processRemoteUnsub Parse Error: %r (%s)" % (args, exc)) from None
-        self._drop_remote_subs(route, [(acc, subject, queue)])
+        self._drop_remote_subs(route, [acc + b" " + subject + ((b" " + queue) if queue else b"")])
         if route.retiring:
             self._retire_check(route)
 

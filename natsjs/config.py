@@ -223,6 +223,8 @@ def options_from_mapping(mapping: dict, base: ServerOptions, warn=None,
             changes["max_control_line"] = parse_size(value)
         elif k in ("max_connections", "max_conn"):
             changes["max_connections"] = int(value)
+        elif k in ("max_subscriptions", "max_subs"):
+            changes["max_subs"] = int(value)
         elif k == "ping_interval":
             changes["ping_interval"] = parse_duration(value)
         elif k == "ping_max":

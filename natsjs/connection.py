@@ -8,6 +8,15 @@ every connection written to is flushed once (``Server.flush_pcd``) -- straight f
 the reader with one non-blocking ``send`` when the socket has room, else by waking
 that connection's write loop, which waits for the socket under the write deadline.
 
+Who does step 1: a plain client (no TLS, no authentication timeout) is read by the
+server's ``Reactor``, one task over an epoll set of its own that reads whichever
+sockets are ready; a connection that must wait for something (a deferred operation, a
+consumer to drain), a TLS client and a route each have a task running the read loop.
+The write loop, a task too, starts only the first time a socket fills.  Keepalive
+PINGs for clients come from one ``Pinger`` task.  So a plain client costs no task of
+its own: at thousands of connections the tasks, their cancel scopes and trio's
+per-wait ``epoll_ctl`` calls were most of what setting one up cost.
+
 The transport (natsjs/tls.py) is the plain non-blocking socket, or TLS over it,
 driven with trio's ``wait_readable``/``wait_writable``: the readiness model trio's
 own sockets use, without their per-call wrapper costs on the hot path.  Subclasses
@@ -17,11 +26,12 @@ callback does with CONNECT, SUB, RS+ and the like.
 from __future__ import annotations
 
 import json
+import math
+import select
 import socket
 import time
-from typing import TYPE_CHECKING
-
 import traceback
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -51,6 +61,8 @@ S2_SLICE = 4096
 # couple of rounds.
 S2_FLUSH_MAX = 1 << 20
 S2_QUIET_ROUNDS = 2
+# Granularity of the clients' keepalive timer (Pinger).
+PING_TICK = 0.25
 
 # Reasons a connection closed, as nats-server names them in /connz.
 CLIENT_CLOSED = "Client Closed"
@@ -92,9 +104,21 @@ class Connection:
         self.pings_out = 0
         self.rtt = 0.0
         self._ping_at = 0.0
-        self._wake = trio.lowlevel.ParkingLot()
-        self._drained = trio.lowlevel.ParkingLot()
+        self.ping_slot = 0                # the Pinger's, for a client
+        # The write loop waits on _wake; producers wait on _drained for it to catch up
+        # (both made when first needed).
+        self._wake: trio.lowlevel.ParkingLot | None = None
+        self._drained: trio.lowlevel.ParkingLot | None = None
         self._scope: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
+        self._writing = False             # the write loop is running
+        self._writer_scope: trio.CancelScope | None = None
+        self._writer_done: trio.Event | None = None
+        self._started = False             # being served (by a task or the reactor)
+        self._reactor: "Reactor | None" = None
+        # The peer says nothing before our INFO (a client): the read loop starts by
+        # waiting instead of with a read that can only fail.
+        self.wait_first = False
         self.closed_reason: str | None = None
         self._linger = False
         self._deferred = None             # (step, args) set by defer()
@@ -109,20 +133,103 @@ class Connection:
 
     # ---- lifecycle -------------------------------------------------------------
 
+    def serve(self, nursery: trio.Nursery) -> None:
+        """Serve the connection: in the server's reactor when it can be served without
+        a task of its own (``start_in_reactor``), else in a task of ``nursery``."""
+        if not self.start_in_reactor():
+            nursery.start_soon(self.run)
+
+    def start_in_reactor(self) -> bool:
+        """Greet the peer and hand the socket to the reactor; False when this
+        connection needs a task (TLS, tasks of its own)."""
+        return False
+
     async def run(self) -> None:
-        self.server.log.debug(self.log_prefix + "%s connection created", self.kind)
+        self.server.log.debug("%s%s connection created", self.log_prefix, self.kind)
+        self._started = True
+        try:
+            with trio.CancelScope() as scope:
+                self._scope = scope            # what close() cancels
+                if self.closed_reason is None and await self.on_start():
+                    if self.needs_tasks():
+                        async with trio.open_nursery() as nursery:
+                            self._nursery = nursery
+                            self.start_tasks(nursery)
+                            await self._read_loop()
+                            nursery.cancel_scope.cancel()
+                    else:
+                        await self._read_loop()
+            await self._finish()
+        finally:
+            self._teardown()
+
+    async def _finish(self) -> None:
+        """After the reads: the write loop ends, an -ERR is drained to the peer."""
+        await self._stop_writer()
+        if self._linger:
+            await self._linger_close()
+
+    # ---- in the reactor ----------------------------------------------------------
+
+    def on_readable(self, buf: bytearray) -> None:
+        """The reactor saw the socket readable: one read, parsed, flushed.
+
+        ``buf`` is the reactor's, shared by every connection it serves (the parser
+        copies what a read leaves unfinished).  What needs to wait -- a handler that
+        deferred the end of its operation, a consumer to drain -- moves the
+        connection to a task of its own for the rest of its life.
+        """
+        core = self.core
+        n = self._recv(buf)
+        if n <= 0:
+            return
+        rest = self._parse(buf, n)
+        if rest is False:
+            return
+        self.server.flush_pcd(core)
+        if rest is not True:
+            self._leave_reactor(rest, None)
+        elif not core.closed and core.stalled is not None:
+            stalled, core.stalled = core.stalled, None
+            self._leave_reactor(None, stalled)
+
+    def _leave_reactor(self, rest: bytes | None, stalled) -> None:
+        self._reactor.remove(self)
+        self._reactor = None
+        self.server.start_connection_task(self._serve_in_task, rest, stalled)
+
+    async def _serve_in_task(self, rest: bytes | None, stalled) -> None:
+        """The rest of a connection that left the reactor, as ``run`` serves one."""
         try:
             with trio.CancelScope() as scope:
                 self._scope = scope
-                if self.closed_reason is None and await self.on_start():
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(self._write_loop)
-                        nursery.start_soon(self._ping_loop)
-                        self.start_tasks(nursery)
+                if self.closed_reason is None:
+                    if rest is not None:
+                        await self._resume(rest)
+                    elif stalled is not None:
+                        await stalled.conn.wait_drained(STALL_WAIT)
+                    if not self.core.closed:
                         await self._read_loop()
-                        nursery.cancel_scope.cancel()
-            if self._linger:
-                await self._linger_close()
+            await self._finish()
+        finally:
+            self._teardown()
+
+    async def _resume(self, rest: bytes) -> None:
+        """Parse on after a pause, as the read loop does (rest: what followed it)."""
+        core = self.core
+        try:
+            core.pause = True
+            await self._after_pause(rest, 0)
+        except Exception as exc:
+            self.server.flush_pcd(core)
+            self._read_failed(exc)
+            return
+        self.server.flush_pcd(core)
+
+    async def _finish_closed(self) -> None:
+        """A connection closed while in the reactor: finish and tear down in a task."""
+        try:
+            await self._finish()
         finally:
             self._teardown()
 
@@ -130,8 +237,13 @@ class Connection:
         """Greet the peer (INFO, TLS); False closes the connection."""
         return True
 
+    def needs_tasks(self) -> bool:
+        """Whether ``start_tasks`` has tasks to start (then the connection gets a
+        nursery of its own)."""
+        return True
+
     def start_tasks(self, nursery: trio.Nursery) -> None:
-        """Extra per-connection tasks (auth timeout, route handshake)."""
+        """Extra per-connection tasks (auth timeout, route keepalive)."""
 
     def on_closed(self) -> None:
         """Release what the connection held (subscriptions, registrations)."""
@@ -163,7 +275,14 @@ class Connection:
         self._try_send()
         if self._scope is not None:
             self._scope.cancel()
-        self._drained.unpark_all()
+        elif self._reactor is not None:
+            # Out of the reactor at once (its fd would stay readable), finished in a
+            # task: the write loop may have to end and an -ERR to drain first.
+            self._reactor.remove(self)
+            self._reactor = None
+            self.server.start_connection_task(self._finish_closed)
+        if self._drained is not None:
+            self._drained.unpark_all()
 
     async def _linger_close(self) -> None:
         """After an -ERR, half-close and drain briefly so the peer reads the error.
@@ -203,7 +322,8 @@ class Connection:
         if self.closed_reason is None:
             self.closed_reason = CLIENT_CLOSED
         self.core.closed = True
-        self._drained.unpark_all()
+        if self._drained is not None:
+            self._drained.unpark_all()
         try:
             self.on_closed()
         finally:
@@ -220,59 +340,25 @@ class Connection:
         server = self.server
         size = MIN_READ
         buf = bytearray(size)
-        view = memoryview(buf)
+        if self.wait_first:
+            await t.wait_readable()
         while True:
-            try:
-                n = t.recv_into(buf)
-            except BlockingIOError:
-                await t.wait_readable()
-                continue
-            except OSError:
-                self.close(READ_ERROR)
+            n = self._recv(buf)
+            if n < 0:
                 return
             if n == 0:
-                self.close(CLIENT_CLOSED)
+                await t.wait_readable()
+                continue
+            rest = self._parse(buf, n)
+            if rest is False:
                 return
-            self.last_activity = trio.current_time()
-            try:
-                if self.s2_reader is not None:
-                    self._feed_s2(view[:n])
-                else:
-                    data = view[:n]
-                    used = core.feed(data)
-                    while core.pause:
-                        # A handler deferred the end of its operation (defer()), or
-                        # switched the stream (S2 from the next byte on).
-                        core.pause = False
-                        data = bytes(data[used:])
-                        if self._deferred is not None:
-                            step, args = self._deferred
-                            self._deferred = None
-                            server.flush_pcd(core)
-                            await step(*args)
-                            if core.closed:
-                                break
-                        if not data:
-                            break
-                        if self.s2_reader is not None:
-                            self._feed_s2(data)
-                            break
-                        used = core.feed(data)
-            except ProtocolError as exc:
-                server.flush_pcd(core)
-                self._protocol_error(exc)
-                return
-            except ValueError as exc:      # S2Error: a corrupt compressed stream
-                server.flush_pcd(core)
-                server.log.error(self.log_prefix + "%s", exc)
-                self.close(PROTOCOL_VIOLATION)
-                return
-            except Exception as exc:  # a bug must cost one connection, not the server
-                server.flush_pcd(core)
-                server.log.error(self.log_prefix + "internal error: %r", exc)
-                server.log.debug("%s", "".join(traceback.format_exception(exc)))
-                self.close(PROTOCOL_VIOLATION)
-                return
+            if rest is not True:
+                try:
+                    await self._after_pause(rest, 0)
+                except Exception as exc:
+                    server.flush_pcd(core)
+                    self._read_failed(exc)
+                    return
             server.flush_pcd(core)
             if core.closed:
                 return
@@ -289,11 +375,74 @@ class Connection:
             if n == size and size < MAX_READ:
                 size *= 2
                 buf = bytearray(size)
-                view = memoryview(buf)
             elif n < size // 2 and size > MIN_READ:
                 size //= 2
                 buf = bytearray(size)
-                view = memoryview(buf)
+
+    def _recv(self, buf: bytearray) -> int:
+        """One read into ``buf``: the bytes read, 0 when there is nothing to read now,
+        -1 when the connection ended (it is closing)."""
+        try:
+            n = self.transport.recv_into(buf)
+        except BlockingIOError:
+            return 0
+        except OSError:
+            self.close(READ_ERROR)
+            return -1
+        if n == 0:
+            self.close(CLIENT_CLOSED)
+            return -1
+        self.last_activity = trio.current_time()
+        return n
+
+    def _parse(self, buf: bytearray, n: int) -> bytes | bool:
+        """Parse a read: True when done, the bytes after a pause when a handler paused
+        the parser (``_after_pause`` goes on), False when the read failed (the batch
+        was flushed and the connection is closing)."""
+        core = self.core
+        try:
+            if self.s2_reader is not None:
+                self._feed_s2(memoryview(buf)[:n])
+                return True
+            used = core.feed(buf, n)
+            return bytes(buf[used:n]) if core.pause else True
+        except Exception as exc:
+            self.server.flush_pcd(core)
+            self._read_failed(exc)
+            return False
+
+    async def _after_pause(self, data: bytes, used: int) -> None:
+        """A handler paused the parser (``core.pause``): it deferred the end of its
+        operation (defer()), or switched the stream (S2 from the next byte on).
+        ``data[used:]`` is what followed in the read."""
+        core = self.core
+        while core.pause:
+            core.pause = False
+            data = data[used:]
+            if self._deferred is not None:
+                step, args = self._deferred
+                self._deferred = None
+                self.server.flush_pcd(core)
+                await step(*args)
+                if core.closed:
+                    return
+            if not data:
+                return
+            if self.s2_reader is not None:
+                self._feed_s2(data)
+                return
+            used = core.feed(data)
+
+    def _read_failed(self, exc: Exception) -> None:
+        if isinstance(exc, ProtocolError):
+            self._protocol_error(exc)
+        elif isinstance(exc, ValueError):      # S2Error: a corrupt compressed stream
+            self.server.log.error(self.log_prefix + "%s", exc)
+            self.close(PROTOCOL_VIOLATION)
+        else:   # a bug must cost one connection, not the server
+            self.server.log.error(self.log_prefix + "internal error: %r", exc)
+            self.server.log.debug("%s", "".join(traceback.format_exception(exc)))
+            self.close(PROTOCOL_VIOLATION)
 
     def _feed_s2(self, data) -> None:
         """Decode an S2 stream a slice at a time, parsing as we go.
@@ -336,7 +485,7 @@ class Connection:
         if self.s2_writer is not None:
             # The write loop gathers more before compressing (see S2_FLUSH_MAX).
             self.write_blocked = True
-            self._wake.unpark()
+            self._wake_writer()
             return
         self._try_send()
 
@@ -368,7 +517,45 @@ class Connection:
             del out[:n]
         if out:
             self.write_blocked = True
+            self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        """Hand what is queued to the write loop, which waits for the socket.
+
+        The loop starts the first time it is needed: most connections never fill
+        their socket buffer, and a task fewer per connection is less to create and
+        less for the cyclic GC to walk.
+        """
+        if self._writing:
             self._wake.unpark()
+        elif self._started and self.closed_reason is None:
+            self._start_writer()
+
+    def _start_writer(self) -> None:
+        self._writing = True
+        self._wake = trio.lowlevel.ParkingLot()
+        if self._nursery is not None:
+            self._nursery.start_soon(self._write_loop)
+            return
+        # No nursery of our own: the loop runs in the server's, under a cancel scope
+        # of ours, and run() waits for it to end before the socket is closed.
+        self._writer_scope = trio.CancelScope()
+        self._writer_done = trio.Event()
+        self.server.start_connection_task(self._detached_write_loop)
+
+    async def _detached_write_loop(self) -> None:
+        try:
+            with self._writer_scope:
+                await self._write_loop()
+        finally:
+            self._writer_done.set()
+
+    async def _stop_writer(self) -> None:
+        if self._writer_done is None:
+            return
+        self._writer_scope.cancel()
+        with trio.CancelScope(shield=True):
+            await self._writer_done.wait()
 
     async def _write_loop(self) -> None:
         t = self.transport
@@ -402,7 +589,8 @@ class Connection:
                     return
                 del out[:n]
             self.write_blocked = False
-            self._drained.unpark_all()
+            if self._drained is not None:
+                self._drained.unpark_all()
 
     async def _gather(self) -> None:
         """Let a compressed flush grow while producers keep adding to it."""
@@ -418,6 +606,8 @@ class Connection:
     async def wait_drained(self, timeout: float) -> None:
         """Let a producer wait (briefly) for this connection to catch up."""
         if self.write_blocked and self.closed_reason is None:
+            if self._drained is None:
+                self._drained = trio.lowlevel.ParkingLot()
             with trio.move_on_after(timeout):
                 await self._drained.park()
 
@@ -443,16 +633,25 @@ class Connection:
         return opts.ping_interval, opts.max_pings_out
 
     async def _ping_loop(self) -> None:
+        """Keepalive in a task of the connection's own (routes; clients share a
+        ``Pinger``)."""
         while True:
-            interval, max_out = self.ping_settings()
+            interval, _ = self.ping_settings()
             await trio.sleep(interval)
-            if self.pings_out + 1 > max_out:
-                self.server.log.debug(self.log_prefix + "Stale %s Connection - Closing",
-                                      self.kind)
-                self.close(STALE_CONNECTION, "Stale Connection")
+            if not self.ping_due():
                 return
-            self.pings_out += 1
-            self.send_ping()
+
+    def ping_due(self) -> bool:
+        """The ping interval passed: PING, or close the connection if too many went
+        unanswered (False)."""
+        _, max_out = self.ping_settings()
+        if self.pings_out + 1 > max_out:
+            self.server.log.debug(self.log_prefix + "Stale %s Connection - Closing", self.kind)
+            self.close(STALE_CONNECTION, "Stale Connection")
+            return False
+        self.pings_out += 1
+        self.send_ping()
+        return True
 
     def send_ping(self) -> None:
         self._ping_at = time.monotonic()
@@ -469,3 +668,109 @@ class Connection:
 
     def pending_bytes(self) -> int:
         return len(self.core.out) + len(self._zout)
+
+
+class Reactor:
+    """Readiness for many connections from one task: a plain client needs no task.
+
+    A task per connection, with its cancel scope and the two ``epoll_ctl`` calls
+    trio makes for every wait, is most of what a new connection costs.  The reactor
+    keeps one epoll set of its own (level-triggered: a socket stays ready until it is
+    read dry), waits for it in one trio task, and for each ready socket calls
+    ``Connection.on_readable``: one read into a buffer shared by all of them, parsed
+    and flushed as the read loop does.  What has to wait moves the connection to a
+    task (see ``on_readable``).  TLS connections, routes and clients with tasks of
+    their own (an authentication timeout) keep a task from the start.
+    """
+
+    # Read size: the largest read loop buffer.
+    BUF = MAX_READ
+
+    def __init__(self):
+        self._epoll = select.epoll()
+        self._conns: dict[int, Connection] = {}
+        self._buf = bytearray(self.BUF)
+
+    def add(self, conn: Connection) -> None:
+        fd = conn.sock.fileno()
+        self._epoll.register(fd, select.EPOLLIN)
+        self._conns[fd] = conn
+        conn._reactor = self
+
+    def remove(self, conn: Connection) -> None:
+        fd = conn.sock.fileno()
+        if self._conns.get(fd) is conn:
+            del self._conns[fd]
+            try:
+                self._epoll.unregister(fd)
+            except (OSError, ValueError):     # closed socket, or the reactor stopped
+                pass
+
+    async def run(self) -> None:
+        epoll = self._epoll
+        conns = self._conns
+        buf = self._buf
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(epoll.fileno())
+                for fd, _ in epoll.poll(0):
+                    conn = conns.get(fd)
+                    if conn is not None:
+                        conn.on_readable(buf)
+        finally:
+            # The server is stopping: what is still here goes without a goodbye.
+            for conn in list(conns.values()):
+                self.remove(conn)
+                conn._reactor = None
+                conn.closed_reason = conn.closed_reason or SERVER_SHUTDOWN
+                conn._teardown()
+            epoll.close()
+
+
+class Pinger:
+    """Keepalive for many connections from one task (the server's clients).
+
+    A task per connection that sleeps between PINGs costs each connection a task, its
+    timer and the objects they hold; here connections wait in buckets of PING_TICK
+    seconds by when their next PING is due, and one task wakes each tick to ping what
+    is due.  A PING may come up to one tick late; a closed connection leaves its
+    bucket at once.
+    """
+
+    def __init__(self):
+        self._buckets: dict[int, set] = {}
+        self._lot = trio.lowlevel.ParkingLot()
+        self._count = 0
+
+    def add(self, conn: "Connection") -> None:
+        interval, _ = conn.ping_settings()
+        slot = math.ceil((trio.current_time() + interval) / PING_TICK)
+        bucket = self._buckets.get(slot)
+        if bucket is None:
+            bucket = self._buckets[slot] = set()
+        bucket.add(conn)
+        conn.ping_slot = slot
+        self._count += 1
+        if self._count == 1:
+            self._lot.unpark_all()
+
+    def discard(self, conn: "Connection") -> None:
+        bucket = self._buckets.get(conn.ping_slot)
+        if bucket is not None and conn in bucket:
+            bucket.discard(conn)
+            self._count -= 1
+            if not bucket:
+                del self._buckets[conn.ping_slot]
+
+    async def run(self) -> None:
+        while True:
+            if not self._count:
+                await self._lot.park()
+                continue
+            await trio.sleep(PING_TICK)
+            now = math.floor(trio.current_time() / PING_TICK)
+            for slot in sorted(k for k in self._buckets if k <= now):
+                for conn in self._buckets.pop(slot):
+                    self._count -= 1
+                    if conn.closed_reason is None and conn.ping_due():
+                        self.add(conn)

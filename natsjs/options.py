@@ -99,6 +99,8 @@ class ServerOptions:
     max_pending: int = MAX_PENDING_SIZE
     max_control_line: int = MAX_CONTROL_LINE_SIZE
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # Subscriptions one client connection may hold (max_subscriptions); 0: no limit.
+    max_subs: int = 0
     ping_interval: float = DEFAULT_PING_INTERVAL
     max_pings_out: int = DEFAULT_PING_MAX_OUT
     write_deadline: float = DEFAULT_FLUSH_DEADLINE

@@ -30,7 +30,6 @@ import trio
 from natsjs._core import parser as P
 from natsjs._core.fanout import RouteCore
 from natsjs._core.parser import ProtocolError
-from natsjs._core.sublist import Subscription
 from natsjs.connection import PROTOCOL_VIOLATION, Connection, json_object
 from natsjs.options import (COMPRESSION_ACCEPT, COMPRESSION_NOT_SUPPORTED, COMPRESSION_OFF,
                             COMPRESSION_S2_AUTO, COMPRESSION_S2_BEST, COMPRESSION_S2_BETTER,
@@ -115,16 +114,15 @@ class Route(Connection):
         self.remote = None               # cluster.Remote once registered
         self.pool_idx = 0
         self.no_pool = False
-        self.registered = False
+        self._registered = False
         self.info_received = False
         self.compression = COMPRESSION_OFF
         self.compression_negotiated = False
         self.no_reconnect = False
         # Being wound down (a reload shrank the pool or unpinned the account): nothing
         # new is placed on it, and it closes once neither side routes through it.
-        self.retiring = False
+        self._retiring = False
         self.ponged = False              # the peer has answered a PING of ours
-        self.remote_subs: dict[tuple, Subscription] = {}
         self._pings_sent = 0
         self._checking = False           # a bcrypt check of the CONNECT is running
         # One entry per PING in flight, in order: what to do when its PONG comes
@@ -135,7 +133,38 @@ class Route(Connection):
         if not self.dialled:
             core.connect_required = True   # the acceptor wants CONNECT first
 
-    # ---- lifecycle -------------------------------------------------------------
+    # ---- state the core's fast path depends on ----------------------------------------
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
+
+    @registered.setter
+    def registered(self, value: bool) -> None:
+        self._registered = value
+        self.update_fast_path()
+
+    @property
+    def retiring(self) -> bool:
+        return self._retiring
+
+    @retiring.setter
+    def retiring(self, value: bool) -> None:
+        self._retiring = value
+        self.update_fast_path()
+
+    @property
+    def remote_subs(self) -> dict:
+        """The peer's interest that came on this connection (RouteCore.remote_subs)."""
+        return self.core.remote_subs
+
+    def update_fast_path(self) -> None:
+        """RS+/RS- stay in the core while nothing here must look at each one: the
+        connection is registered, not being retired, and no cluster permissions
+        decide what we take."""
+        self.core.interest_ok = self._registered and not self._retiring and \
+            self.cluster.perms is None
+
 
     async def on_start(self) -> bool:
         cluster = self.cluster
@@ -178,6 +207,7 @@ class Route(Connection):
             self.account is None and copts.pool_size >= 1))
 
     def start_tasks(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(self._ping_loop)
         if not self.dialled and self.cluster.copts.username:
             nursery.start_soon(self._auth_timeout)
 
@@ -402,4 +432,4 @@ class Route(Connection):
 
     @property
     def subs(self) -> dict:
-        return self.remote_subs
+        return self.core.remote_subs

@@ -47,9 +47,10 @@ import time
 import trio
 
 from natsjs import NATS_VERSION, __version__
+from natsjs._core.interest import count_interest
 from natsjs.accounts import GLOBAL_ACCOUNT, MAX_IMPORT_HOPS, Account, Imports
 from natsjs.client import MAX_CONNECTIONS, Client
-from natsjs.connection import SERVER_SHUTDOWN
+from natsjs.connection import SERVER_SHUTDOWN, Pinger, Reactor
 from natsjs.log import Logger
 from natsjs.monitor import go_uptime
 from natsjs.options import RANDOM_PORT, ServerOptions
@@ -111,6 +112,9 @@ class Server:
     def __init__(self, opts: ServerOptions, log: Logger | None = None):
         opts.validate()
         self.opts = opts
+        self._flags_for = None            # _auth_flags: the options they are for
+        self._flags = (False, False)
+        self._info_cache = None           # client_info_line: (options, key, common part)
         self.log = log or Logger(debug=opts.debug, trace=opts.trace, logtime=opts.logtime,
                                  utc=opts.logtime_utc, path=opts.log_file)
         self.server_id = new_server_id()
@@ -170,6 +174,10 @@ class Server:
         self.shutting_down = False
         self.lame_duck = False
         self._accept_scope = trio.CancelScope()
+        # Keepalive PINGs of every client, and the reads of plain clients, each from
+        # one task (natsjs/connection.py).
+        self.pinger = Pinger()
+        self.reactor: Reactor | None = None
 
     # ---- running ---------------------------------------------------------------
 
@@ -207,6 +215,9 @@ class Server:
                 if self.cluster is not None:
                     await nursery.start(self.cluster.run)
                 self._accept_scope = trio.CancelScope()
+                nursery.start_soon(self.pinger.run)
+                self.reactor = Reactor()
+                nursery.start_soon(self.reactor.run)
                 nursery.start_soon(self._accept_loop, lsock)
                 log.info("Server is ready")
                 self.ready.set()
@@ -328,6 +339,7 @@ class Server:
             core.max_payload = opts.max_payload
             core.max_control_line = opts.max_control_line
             core.max_pending = opts.max_pending
+            core.max_subs = opts.max_subs
             c.on_trace_changed()
             if opts.auth != old.auth or opts.accounts != old.accounts:
                 c.reauthorize()
@@ -398,6 +410,11 @@ class Server:
             if left > 0:
                 self._owner_tasks[key] = left
 
+    def start_connection_task(self, fn, *args) -> None:
+        """Run ``await fn(*args)`` in the root nursery: a task of a connection that has
+        none of its own (it sees the task end before it is torn down)."""
+        self._nursery.start_soon(fn, *args)
+
     def _listen(self, host: str, port: int) -> socket.socket:
         if port == RANDOM_PORT:
             port = 0
@@ -465,17 +482,18 @@ class Server:
             return
         self.clients[client.cid] = client
         self.total_connections += 1
-        self._nursery.start_soon(client.run)
+        client.serve(self._nursery)
 
     # ---- connections -----------------------------------------------------------
 
     def route_interest(self, account, subs, delta: int) -> None:
-        """Local interest changed: count it, and tell the routes when clustered."""
-        cluster = self.cluster
-        for sub in subs:
-            n = account.note_interest(sub, delta)
-            if cluster is not None:
-                cluster.interest_changed(account, sub, n, delta)
+        """Local interest changed (``subs`` all added, ``delta`` 1, or all removed, -1):
+        count it, and tell the routes when clustered."""
+        if not subs:
+            return
+        changed = count_interest(account.rm, subs, delta)
+        if self.cluster is not None and changed:
+            self.cluster.interest_changed(account, changed, delta)
         if self.jetstream is not None:
             self.jetstream.interest_changed(account)
 
@@ -555,7 +573,23 @@ class Server:
 
     @property
     def auth_required(self) -> bool:
-        return self.opts.auth.required or any(a.users for a in self.opts.accounts)
+        return self._auth_flags()[0]
+
+    @property
+    def nonce_wanted(self) -> bool:
+        """Clients get a nonce in their INFO (someone may sign it with an nkey)."""
+        return self._auth_flags()[1]
+
+    def _auth_flags(self) -> tuple[bool, bool]:
+        """(authentication required, nonce wanted) for the options in force: computed
+        once per options object, not once per connection."""
+        opts = self.opts
+        if self._flags_for is not opts:
+            self._flags = (opts.auth.required or any(a.users for a in opts.accounts),
+                           opts.auth.has_nkeys or any(u.nkey for a in opts.accounts
+                                                      for u in a.users))
+            self._flags_for = opts
+        return self._flags
 
     def users_by_account(self) -> dict:
         return {a.name: a.users for a in self.opts.accounts}
@@ -618,24 +652,30 @@ class Server:
 
     def client_info_line(self, client: Client, connect_info: bool = False,
                          ldm: bool = False) -> bytes:
-        info = self.info()
-        if self.opts.tls is not None:
-            from natsjs.tls import info_fields
-            info.update(info_fields(self.opts.tls))
-        if ldm:
-            info["ldm"] = True
-        if self.auth_required:
-            info["auth_required"] = True
-        info["client_id"] = client.cid
-        info["client_ip"] = client.host
+        urls = self.connect_urls()
+        key = (ldm, self.cluster.name if self.cluster is not None else None, urls)
+        cached = self._info_cache
+        if cached is None or cached[0] is not self.opts or cached[1] != key:
+            # What every client is told alike is encoded once (until the options,
+            # the cluster's name or its URLs change); each INFO adds its own fields.
+            info = self.info()
+            if self.opts.tls is not None:
+                from natsjs.tls import info_fields
+                info.update(info_fields(self.opts.tls))
+            if ldm:
+                info["ldm"] = True
+            if self.auth_required:
+                info["auth_required"] = True
+            cached = self._info_cache = (self.opts, key, b"INFO " + json.dumps(
+                info, separators=(",", ":")).encode()[:-1])
+        own = ',"client_id":%d,"client_ip":%s' % (client.cid, json.dumps(client.host))
         if client.nonce:
-            info["nonce"] = client.nonce
+            own += ',"nonce":%s' % json.dumps(client.nonce)
         if connect_info:
-            info["connect_info"] = True
-            info["remote_account"] = client.account.name
+            own += ',"connect_info":true,"remote_account":%s' % json.dumps(client.account.name)
             if client.account.is_system:
-                info["acc_is_sys"] = True
-        return b"INFO " + json.dumps(info, separators=(",", ":")).encode() + b" \r\n"
+                own += ',"acc_is_sys":true'
+        return cached[2] + own.encode() + b"} \r\n"
 
     # ---- statistics ----------------------------------------------------------
 
@@ -683,6 +723,7 @@ class Server:
             "max_control_line": opts.max_control_line,
             "max_payload": opts.max_payload,
             "max_pending": opts.max_pending,
+            **({"max_subscriptions": opts.max_subs} if opts.max_subs else {}),
             "cluster": self._varz_cluster(),
             "gateway": {},
             "leaf": {},

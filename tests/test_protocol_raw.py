@@ -629,6 +629,41 @@ def test_max_connections(conf_dir):
 
 
 # ---------------------------------------------------------------------------
+# max_subscriptions
+# ---------------------------------------------------------------------------
+
+def _max_subs_transcript(start, conf, verbose: bool) -> list:
+    s = start("-c", str(conf))
+    c = RawConn(s.port)
+    try:
+        out = []
+        connect = b'CONNECT {"verbose":%s,"pedantic":false}\r\n' % (b"true" if verbose else b"false")
+        for step in (connect + b"SUB a 1\r\nSUB b 2\r\nSUB a q 3\r\n",
+                     b"SUB c 4\r\nSUB a 1\r\n",      # at the limit: new sid and reused sid
+                     b"UNSUB 2\r\nSUB c 4\r\nSUB d 5\r\n",
+                     b"PUB c 2\r\nhi\r\nPUB d 2\r\nno\r\n"):
+            c.send(step + PINGS)
+            out.append(normalise(c.read_until(b"PONG\r\n", 2), s.port, c.eof))
+        return out
+    finally:
+        c.close()
+        s.stop()
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_max_subscriptions(conf_dir, verbose):
+    """SUBs over the limit get -ERR and change nothing; the connection stays (a
+    freed slot is usable again), as nats-server does, whether the SUBs take the
+    core's path (no permissions) or not."""
+    conf = conf_dir / "maxsubs.conf"
+    conf.write_text("max_subscriptions: 3\n")
+    got = _max_subs_transcript(start_natsjs, conf, verbose)
+    want = _max_subs_transcript(start_reference, conf, verbose)
+    assert got == want
+    assert any("maximum subscriptions exceeded" in str(step) for step in got)
+
+
+# ---------------------------------------------------------------------------
 # Garbage never takes the server down
 # ---------------------------------------------------------------------------
 

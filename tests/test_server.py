@@ -215,3 +215,56 @@ def test_accept_loop_lets_other_tasks_run_while_connections_keep_coming():
         # Between the first and the last accept of the burst, other tasks ran.
         assert progress[-1] > progress[0], progress
     trio.run(serving, server, test)
+
+
+def test_keepalive_pings_clients_and_closes_the_silent_ones():
+    """One server task pings every client each ping_interval; a client that answers
+    stays, one that leaves max_pings_out PINGs unanswered is closed as stale."""
+    server, log = new_server(ping_interval=0.3, max_pings_out=2)
+
+    async def test():
+        alive = await Conn.open(server)
+        silent = await Conn.open(server)
+        for _ in range(3):
+            await alive.until(b"PING\r\n")
+            alive.buf = b""
+            await alive.send(b"PONG\r\n")
+        await silent.until(b"-ERR 'Stale Connection'\r\n")
+        await silent.stream.aclose()
+        with trio.fail_after(TIMEOUT):
+            while len(server.clients) > 1:
+                await trio.sleep(0.01)
+        await alive.ping()
+        assert server.pinger._count == 1
+    trio.run(serving, server, test)
+
+
+def test_a_client_leaves_the_reactor_for_a_task_and_goes_on():
+    """Plain clients are read by the server's reactor; one that has to wait (a
+    consumer to drain, the rest of a read after a pause) is served by a task from then
+    on, without losing what it had read, and closes as any other."""
+    server, log = new_server()
+
+    async def test():
+        a = await Conn.open(server)
+        b = await Conn.open(server)
+        ca, cb = sorted(server.clients.values(), key=lambda c: c.cid)
+        assert ca._reactor is server.reactor and cb._reactor is server.reactor
+        # a: as after a stall on b (it waits for b to drain, then reads on)
+        ca._leave_reactor(None, cb.core)
+        # b: as after a pause, with the rest of its read still to parse
+        cb.core.pause = True
+        cb._leave_reactor(b"SUB x 1\r\nPING\r\n", None)
+        await b.until(b"PONG\r\n")
+        assert ca._reactor is None and cb._reactor is None
+        await a.send(b"PUB x 2\r\nhi\r\n")
+        await a.ping()
+        b.buf = b""
+        await b.until(b"MSG x 1 2\r\nhi\r\n")
+        await a.stream.aclose()
+        with trio.fail_after(TIMEOUT):
+            while len(server.clients) > 1:
+                await trio.sleep(0.01)
+        await b.ping()
+        assert ca.closed_reason == "Client Closed"
+    trio.run(serving, server, test)

@@ -146,3 +146,67 @@ def test_stats_fanout_over_cached_results():
     assert st["max_fanout"] == 4
     assert st["avg_fanout"] == 2.5
     assert st["num_cache"] == 2
+
+
+def test_lone_subscriptions_take_no_node_and_grow_one_when_needed():
+    """A subject with one plain subscription and nothing below sits in its level
+    directly; a second interest there (or below) gives it a node, in order."""
+    sl = Sublist()
+    a = Subscription(b"x.y", sid=b"a")
+    sl.insert(a)
+    sl.insert(a)                                   # a duplicate is a no-op
+    assert sl.count == 1 and sl.match(b"x.y").psubs == [a]
+    assert sl.match(b"x.y.z").psubs == [] and sl.match(b"x").psubs == []
+    below = Subscription(b"x.y.z", sid=b"b")
+    sl.insert(below)
+    q = Subscription(b"x.y", b"g", b"q")
+    sl.insert(q)
+    second = Subscription(b"x.y", sid=b"c")
+    sl.insert(second)
+    assert sl.match(b"x.y").psubs == [a, second]
+    assert [g for g in sl.match(b"x.y").qsubs] == [[q]]
+    assert sl.match(b"x.y.z").psubs == [below]
+    assert set(sl.subscriptions()) == {a, below, q, second}
+    for s in (a, q, below, second):
+        assert sl.remove(s)
+        assert not sl.remove(s)
+    assert sl.count == 0 and sl.subscriptions() == []
+    # a lone one next to wildcards at the same level
+    star, lone = Subscription(b"m.*", sid=b"s"), Subscription(b"m.n", sid=b"l")
+    sl.insert(star)
+    sl.insert(lone)
+    assert set(sl.match(b"m.n").psubs) == {star, lone}
+    assert sl.match(b"m.o").psubs == [star]
+    assert not sl.remove(Subscription(b"m.n", sid=b"other"))
+    assert not sl.remove(Subscription(b"m.n.o", sid=b"l"))
+    assert sl.remove(lone) and sl.match(b"m.n").psubs == [star]
+
+
+def test_clear_forgets_everything():
+    sl = Sublist()
+    sl.insert(Subscription(b"a"))
+    sl.match(b"a")
+    sl.clear()
+    assert sl.count == 0 and sl.match(b"a").psubs == [] and sl.subscriptions() == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(patterns(), st.sampled_from([None, b"q1", b"q2"]), st.booleans()),
+                max_size=30), st.lists(subjects, min_size=1, max_size=6))
+def test_queue_and_plain_mix_matches_naive(ops, subjs):
+    sl = Sublist(cache_max=4)
+    live = []
+    for i, (pat, queue, remove_one) in enumerate(ops):
+        s = Subscription(pat, queue, b"%d" % i)
+        sl.insert(s)
+        live.append(s)
+        if remove_one and live:
+            victim = live.pop(len(live) // 2)
+            assert sl.remove(victim)
+        for subj in subjs:
+            r = sl.match(subj)
+            want = [x for x in live if naive_match(x.subject, subj)]
+            assert set(r.psubs) == {x for x in want if x.queue is None}
+            got_q = {m for g in r.qsubs for m in g}
+            assert got_q == {x for x in want if x.queue is not None}
+    assert set(sl.subscriptions()) == set(live) and sl.count == len(live)

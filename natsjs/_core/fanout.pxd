@@ -72,15 +72,50 @@ cdef class ClientCore(Conn):
     cdef Sublist last_sublist          # the sublist last_result came from
     cdef unsigned long long last_gen
     cdef bytes route_reply             # reply + "@" + shown subject, for routes
+    # The connection's subscriptions, sid -> Subscription.  SUB and UNSUB are handled
+    # here while ``fast_subs`` (no subscribe permissions, no tracing, no limit
+    # reached): the interest changes of a read batch go to Python in one call,
+    # on_interest(subs, delta), where the server counts them and tells the routes.
+    cdef public dict subs
+    cdef public bint fast_subs
+    # Subscribe permissions, None when the client has none: sub_check(subject, queue)
+    # -> bool; a refusal goes to Python, which reports it.
+    cdef public object sub_check
+    cdef public object on_interest
+    cdef public Py_ssize_t max_subs    # 0: no limit
+    cdef list ipending                 # subscriptions added (idelta 1) or removed (-1)
+    cdef int idelta
     cdef SublistResult lookup(self, const unsigned char* subj, Py_ssize_t slen)
     cdef int no_responders_reply(self) except -1
     cdef Py_ssize_t route_target(self, Conn route) except -1
     cdef int send_to_routes(self, const unsigned char* msg) except -1
+    cdef int _process_sub(self, const unsigned char* arg, Py_ssize_t n) except -1
+    cdef int _process_unsub(self, const unsigned char* arg, Py_ssize_t n) except -1
+    cdef int _ok(self) except -1
+    cdef int note_interest(self, Subscription sub, int delta) except -1
+    cpdef flush_interest(self)
+    cpdef bint unsubscribe(self, Subscription sub) except -1
+    cpdef Subscription add_sub(self, bytes subject, bytes queue, bytes sid)
+    cpdef list drop_all(self, Sublist sublist, bint keep=*)
+
+
+cdef class PeerSubs:
+    # The subscriptions one cluster peer holds here, over all its connections, and
+    # how many it may (--cluster_max_subs).
+    cdef public Py_ssize_t count
+    cdef public Py_ssize_t limit
 
 
 cdef class RouteCore(Conn):
     cdef public dict sublists          # account name (bytes) -> Sublist
     cdef public bytes pinned_account   # set on a pinned-account route
+    # The peer's interest that came on this connection: "<account> <subject>[ <queue>]"
+    # (nats-server's key, and the subscription's sid) -> Subscription.  RS+ and RS-
+    # are handled here while ``interest_ok`` (registered, no cluster permissions to
+    # check, not being retired) and the peer is under its limit.
+    cdef public dict remote_subs
+    cdef public bint interest_ok
+    cdef public PeerSubs peer_subs
     # The server at the other end (the route itself until registered): a message goes
     # to each peer once, even while its interest sits on two of its connections.
     cdef public object peer
@@ -93,3 +128,10 @@ cdef class RouteCore(Conn):
     cpdef send_rmsg(self, bytes account, bytes subject, bytes reply, bytes queues,
                     Py_ssize_t hdr, bytes msg)
     cdef int _remap_js_reply(self) except -1
+    cdef int _remote_sub(self, const unsigned char* arg, Py_ssize_t n) except -1
+    cdef int _remote_unsub(self, const unsigned char* arg, Py_ssize_t n) except -1
+    cdef bytes _interest_key(self, const unsigned char* arg, Py_ssize_t* starts,
+                             Py_ssize_t* lens, Py_ssize_t first, Py_ssize_t count)
+    cpdef Subscription add_remote(self, Sublist sl, bytes key, bytes subject, bytes queue,
+                                  int weight)
+    cpdef bint drop_remote(self, bytes key) except -1

@@ -45,20 +45,40 @@ class ClientCore(Conn):
     no_responders: bool
     pub_check: Optional[Callable[[bytes], bool]]
     on_reply: Optional[Callable[[bytes], Any]]
+    subs: dict[bytes, Subscription]
+    fast_subs: bool
+    on_interest: Optional[Callable[[list[Subscription], int], Any]]
+    max_subs: int
     def __init__(self, on_op: Callable[[int, Any], Any], conn: Any = ...,
                  sublist: Optional[Sublist] = ..., max_control_line: int = ...,
                  max_payload: int = ..., max_pending: int = ...) -> None: ...
     def publish(self, subject: bytes, reply: Optional[bytes], hdr: int, msg: bytes) -> None: ...
     def publish_deliver(self, subject: bytes, shown: bytes, reply: Optional[bytes], hdr: int,
                         msg: bytes) -> None: ...
+    def add_sub(self, subject: bytes, queue: Optional[bytes], sid: bytes) -> Subscription: ...
+    def unsubscribe(self, sub: Subscription) -> bool: ...
+    def drop_all(self, sublist: Sublist, keep: bool = ...) -> list[Subscription]: ...
+    def flush_interest(self) -> None: ...
+
+
+class PeerSubs:
+    count: int
+    limit: int
+    def __init__(self, limit: int = ...) -> None: ...
 
 
 class RouteCore(Conn):
     sublists: dict[bytes, Sublist]
     pinned_account: Optional[bytes]
     peer: Any
+    remote_subs: dict[bytes, Subscription]
+    interest_ok: bool
+    peer_subs: Optional[PeerSubs]
     def __init__(self, on_op: Callable[[int, Any], Any], conn: Any = ...,
                  sublists: Optional[dict[bytes, Sublist]] = ..., max_control_line: int = ...,
                  max_payload: int = ..., max_pending: int = ...) -> None: ...
     def send_rmsg(self, account: bytes, subject: bytes, reply: Optional[bytes],
                   queues: bytes, hdr: int, msg: bytes) -> None: ...
+    def add_remote(self, sl: Sublist, key: bytes, subject: bytes, queue: Optional[bytes],
+                   weight: int) -> Subscription: ...
+    def drop_remote(self, key: bytes) -> bool: ...

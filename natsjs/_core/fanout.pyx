@@ -35,10 +35,11 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.string cimport memcmp, memcpy
 from libc.stdint cimport uint64_t
 
-from natsjs._core.parser cimport CLIENT, ROUTER, ProtoParser
+from natsjs._core.parser cimport (CLIENT, OP_RS_MINUS, OP_RS_PLUS, OP_SUB, OP_UNSUB, ROUTER,
+                                  ProtoParser, parse_size, split_args)
 from natsjs._core.parser import ProtocolError
 from natsjs._core.sublist cimport Sublist, SublistResult, Subscription
-from natsjs._core.sublist cimport literal_ok
+from natsjs._core.sublist cimport hold_sub, literal_ok, new_sub, release_sub
 
 import os
 
@@ -330,8 +331,9 @@ cdef class ClientCore(Conn):
         self.sublist = sublist
         self.account_name = b"$G"
         self.to_routes = True
-        self.rtargets = []
-        self.rqueues = []
+        # Made on first use, like ipending: most clients never publish to a route.
+        self.rtargets = None
+        self.rqueues = None
         # nats-server's defaults before CONNECT says otherwise (server/client.go).
         self.echo = True
         self.verbose = True
@@ -343,6 +345,144 @@ cdef class ClientCore(Conn):
         self.last_result = None
         self.last_gen = 0
         self.route_reply = None
+        self.subs = {}
+        self.fast_subs = False
+        self.sub_check = None
+        self.on_interest = None
+        self.max_subs = 0
+        self.ipending = None
+        self.idelta = 0
+
+    # ---- SUB and UNSUB (server/client.go processSub, processUnsub) -------------------
+
+    cdef int control_op(self, int op, const unsigned char* arg, Py_ssize_t n) except -1:
+        if not self.fast_subs:
+            return 0
+        if op == OP_SUB:
+            return self._process_sub(arg, n)
+        if op == OP_UNSUB:
+            return self._process_unsub(arg, n)
+        return 0
+
+    cdef int _process_sub(self, const unsigned char* arg, Py_ssize_t n) except -1:
+        """``SUB subject [queue] sid``; 0 hands it to Python (a malformed line, a
+        permission refused, the limit reached) so that errors are reported in one
+        place."""
+        cdef Py_ssize_t starts[4]
+        cdef Py_ssize_t lens[4]
+        cdef Py_ssize_t c, k
+        cdef bytes sid, subject, queue = None
+        c = split_args(arg, n, starts, lens, 3)
+        if c == 2:
+            k = 1
+        elif c == 3:
+            k = 2
+            queue = PyBytes_FromStringAndSize(<const char*>arg + starts[1], lens[1])
+        else:
+            return 0
+        if self.max_subs > 0 and len(self.subs) >= self.max_subs:
+            return 0
+        subject = PyBytes_FromStringAndSize(<const char*>arg + starts[0], lens[0])
+        if self.sub_check is not None and not self.sub_check(subject, queue):
+            return 0
+        sid = PyBytes_FromStringAndSize(<const char*>arg + starts[k], lens[k])
+        if sid in self.subs:
+            return self._ok()
+        try:
+            self.add_sub(subject, queue, sid)
+        except ValueError:
+            self.out += b"-ERR 'Invalid Subject'\r\n"
+            self.queued(self)
+            return 1
+        return self._ok()
+
+    cpdef Subscription add_sub(self, bytes subject, bytes queue, bytes sid):
+        """Subscribe this connection (the checks are the caller's); ValueError for an
+        invalid subject.  The interest change waits for ``flush_interest``."""
+        cdef Subscription sub = new_sub(subject, queue, sid, self, 1)
+        self.sublist.insert(sub)
+        self.subs[sid] = sub
+        hold_sub(sub)
+        self.note_interest(sub, 1)
+        return sub
+
+    cdef int _process_unsub(self, const unsigned char* arg, Py_ssize_t n) except -1:
+        """``UNSUB sid [max]``: a max the subscription has not reached yet arms it,
+        anything else (or a max that is not a number) removes it now."""
+        cdef Py_ssize_t starts[3]
+        cdef Py_ssize_t lens[3]
+        cdef Py_ssize_t c, max_msgs = 0
+        cdef Subscription sub
+        c = split_args(arg, n, starts, lens, 2)
+        if c == 2:
+            max_msgs = parse_size(arg + starts[1], lens[1])
+        elif c != 1:
+            return 0
+        sub = self.subs.get(PyBytes_FromStringAndSize(<const char*>arg + starts[0], lens[0]))
+        if sub is not None:
+            if max_msgs > 0 and sub.nmsgs < max_msgs:
+                sub.max_msgs = max_msgs
+            else:
+                self.unsubscribe(sub)
+        return self._ok()
+
+    cdef int _ok(self) except -1:
+        cdef char* p
+        if self.verbose:
+            p = reserve(self.out, 5)
+            memcpy(p, b"+OK\r\n", 5)
+            self.queued(self)
+        return 1
+
+    cpdef bint unsubscribe(self, Subscription sub) except -1:
+        """Drop ``sub`` (UNSUB, its max reached, the connection closing); True if it
+        was in the sublist.  The interest change waits for ``flush_interest``."""
+        if self.subs.get(sub.sid) is sub:
+            del self.subs[sub.sid]
+        sub.closed = True
+        release_sub(sub)
+        if self.sublist.remove(sub):
+            self.note_interest(sub, -1)
+            return True
+        return False
+
+    cpdef list drop_all(self, Sublist sublist, bint keep=False):
+        """Take every subscription of this connection out of ``sublist`` (the
+        connection closed, or moved to another account); returns them.  ``keep``
+        leaves them listed in ``subs`` (for /connz of closed connections)."""
+        cdef list subs = list(self.subs.values())
+        cdef Subscription sub
+        for sub in subs:
+            sub.closed = True
+            release_sub(sub)
+            sublist.remove(sub)
+        if not keep:
+            self.subs.clear()
+        return subs
+
+    cdef int note_interest(self, Subscription sub, int delta) except -1:
+        if self.ipending and self.idelta != delta:
+            self.flush_interest()
+        if self.ipending is None:
+            self.ipending = []
+        self.ipending.append(sub)
+        self.idelta = delta
+        return 0
+
+    cpdef flush_interest(self):
+        """Hand the interest changes gathered so far to ``on_interest``, in one call."""
+        cdef list subs = self.ipending
+        if not subs:
+            return None
+        self.ipending = None
+        if self.on_interest is not None:
+            self.on_interest(subs, self.idelta)
+        return None
+
+    cdef int end_batch(self) except -1:
+        if self.ipending:
+            self.flush_interest()
+        return 0
 
     cdef SublistResult lookup(self, const unsigned char* subj, Py_ssize_t slen):
         cdef bytes s = self.last_subject
@@ -371,6 +511,10 @@ cdef class ClientCore(Conn):
             # server/client.go processHeaderPub: ErrMsgHeadersNotSupported closes the
             # connection without an -ERR.
             raise ProtocolError("message headers not supported")
+        if self.ipending:
+            # Routes hear of a subscription before any message sent after it (a
+            # request's reply subject must be known where the responder is).
+            self.flush_interest()
         self.in_msgs += 1
         self.in_bytes += self.pa.size
         if self.pedantic and not literal_ok(self.pa.subject, self.pa.subject_len):
@@ -456,8 +600,12 @@ cdef class ClientCore(Conn):
         new).  While interest moves from one connection to another (a reload that
         pins an account or resizes the pool, natsjs/cluster.py) the peer's
         subscriptions sit on both for a moment; the first one found carries it."""
-        cdef Py_ssize_t i, n = len(self.rtargets)
+        cdef Py_ssize_t i, n
         cdef object peer = (<RouteCore>route).peer
+        if self.rtargets is None:
+            self.rtargets = []
+            self.rqueues = []
+        n = len(self.rtargets)
         for i in range(n):
             if (<RouteCore>self.rtargets[i]).peer is peer:
                 return i
@@ -557,6 +705,19 @@ cdef class ClientCore(Conn):
         return 0
 
 
+cdef class PeerSubs:
+    """How many subscriptions a cluster peer holds here, and may hold."""
+
+    def __init__(self, Py_ssize_t limit=0):
+        self.count = 0
+        self.limit = limit
+
+
+# A remote queue subscription stands for at most this many members (its weight is
+# repeated in match results, natsjs/cluster.py MAX_QUEUE_WEIGHT).
+DEF MAX_QUEUE_WEIGHT = 4096
+
+
 cdef class RouteCore(Conn):
     """A route: RMSG/HMSG in, delivered to local subscribers only (one hop)."""
 
@@ -568,6 +729,121 @@ cdef class RouteCore(Conn):
         self.headers = True
         self.is_route = True
         self.peer = self
+        self.remote_subs = {}
+        self.interest_ok = False
+        self.peer_subs = None
+
+    # ---- RS+ and RS- (server/route.go processRemoteSub, processRemoteUnsub) ----------
+
+    cdef int control_op(self, int op, const unsigned char* arg, Py_ssize_t n) except -1:
+        if not self.interest_ok:
+            return 0
+        if op == OP_RS_PLUS:
+            return self._remote_sub(arg, n)
+        if op == OP_RS_MINUS:
+            return self._remote_unsub(arg, n)
+        return 0
+
+    cdef bytes _interest_key(self, const unsigned char* arg, Py_ssize_t* starts,
+                             Py_ssize_t* lens, Py_ssize_t first, Py_ssize_t count):
+        """``<account> <subject>[ <queue>]`` from the arguments ``first`` on (the
+        account is the pinned one when the line has none)."""
+        cdef Py_ssize_t total = 0, k
+        cdef bytes key
+        cdef char* p
+        if self.pinned_account is not None:
+            total = PyBytes_GET_SIZE(self.pinned_account) + 1
+        for k in range(first, first + count):
+            total += lens[k] + 1
+        key = PyBytes_FromStringAndSize(NULL, total - 1)
+        p = PyBytes_AS_STRING(key)
+        if self.pinned_account is not None:
+            p = _put_word(p, PyBytes_AS_STRING(self.pinned_account),
+                          PyBytes_GET_SIZE(self.pinned_account))
+        for k in range(first, first + count):
+            if k < first + count - 1:
+                p = _put_word(p, arg + starts[k], lens[k])
+            else:
+                _put(p, arg + starts[k], lens[k])
+        return key
+
+    cdef int _remote_sub(self, const unsigned char* arg, Py_ssize_t n) except -1:
+        """``RS+ [account] subject [queue weight]``; 0 hands it to Python, which
+        reports what is wrong (and handles weight changes and the peer's limit)."""
+        cdef Py_ssize_t starts[5]
+        cdef Py_ssize_t lens[5]
+        cdef Py_ssize_t c, o, weight = 1
+        cdef bytes acc, key, queue = None
+        cdef Sublist sl
+        cdef Subscription sub
+        c = split_args(arg, n, starts, lens, 4)
+        o = 0 if self.pinned_account is not None else 1
+        if c == o + 3:
+            weight = parse_size(arg + starts[o + 2], lens[o + 2])
+            if weight < 0:
+                return 0
+            weight = 1 if weight < 1 else (MAX_QUEUE_WEIGHT if weight > MAX_QUEUE_WEIGHT
+                                           else weight)
+        elif c != o + 1:
+            return 0
+        acc = self.pinned_account if o == 0 else \
+            PyBytes_FromStringAndSize(<const char*>arg + starts[0], lens[0])
+        sl = self.sublists.get(acc)
+        if sl is None:
+            return 0
+        key = self._interest_key(arg, starts, lens, 0, c if c == o + 1 else c - 1)
+        sub = self.remote_subs.get(key)
+        if sub is not None:
+            return 1 if c == o + 1 or sub.qweight == weight else 0
+        if self.peer_subs is None or self.peer_subs.count >= self.peer_subs.limit:
+            return 0
+        if c == o + 3:
+            queue = PyBytes_FromStringAndSize(<const char*>arg + starts[o + 1], lens[o + 1])
+        try:
+            self.add_remote(sl, key, PyBytes_FromStringAndSize(<const char*>arg + starts[o],
+                                                               lens[o]), queue, weight)
+        except ValueError:
+            return 0
+        return 1
+
+    cdef int _remote_unsub(self, const unsigned char* arg, Py_ssize_t n) except -1:
+        """``RS- [account] subject [queue]``."""
+        cdef Py_ssize_t starts[4]
+        cdef Py_ssize_t lens[4]
+        cdef Py_ssize_t c, o
+        c = split_args(arg, n, starts, lens, 3)
+        o = 0 if self.pinned_account is not None else 1
+        if c != o + 1 and c != o + 2:
+            return 0
+        self.drop_remote(self._interest_key(arg, starts, lens, 0, c))
+        return 1
+
+    cpdef Subscription add_remote(self, Sublist sl, bytes key, bytes subject, bytes queue,
+                                  int weight):
+        """Record the peer's interest ``key`` in ``sl``; ValueError for an invalid
+        subject (the checks are the caller's)."""
+        cdef Subscription sub = new_sub(subject, queue, key, self, weight)
+        sl.insert(sub)
+        self.remote_subs[key] = sub
+        hold_sub(sub)
+        if self.peer_subs is not None:
+            self.peer_subs.count += 1
+        return sub
+
+    cpdef bint drop_remote(self, bytes key) except -1:
+        """Forget the peer's interest ``key``; False if it had none."""
+        cdef Subscription sub = self.remote_subs.pop(key, None)
+        cdef Sublist sl
+        if sub is None:
+            return False
+        if self.peer_subs is not None:
+            self.peer_subs.count -= 1
+        sub.closed = True
+        release_sub(sub)
+        sl = self.sublists.get(key[:key.index(b" ")])
+        if sl is not None:
+            sl.remove(sub)
+        return True
 
     cdef int process_msg(self, const unsigned char* msg) except -1:
         cdef Sublist sl

@@ -1,5 +1,39 @@
 # Declarations for the protocol parser (see parser.pyx).
 
+# Argument helpers shared with the cores that handle operations in C (fanout.pyx).
+cdef inline Py_ssize_t parse_size(const unsigned char* p, Py_ssize_t n) nogil:
+    """Decimal digits only, at most 9 of them (as nats-server's parseSize); -1 if not."""
+    cdef Py_ssize_t v = 0, k
+    if n == 0 or n > 9:
+        return -1
+    for k in range(n):
+        if p[k] < c'0' or p[k] > c'9':
+            return -1
+        v = v * 10 + (p[k] - c'0')
+    return v
+
+
+cdef inline Py_ssize_t split_args(const unsigned char* p, Py_ssize_t n,
+                                  Py_ssize_t* starts, Py_ssize_t* lens,
+                                  Py_ssize_t maxn) nogil:
+    """Split on spaces and tabs; returns the count, or maxn + 1 if there are more."""
+    cdef Py_ssize_t i = 0, count = 0, s
+    while i < n:
+        while i < n and (p[i] == c' ' or p[i] == c'\t'):
+            i += 1
+        if i >= n:
+            break
+        s = i
+        while i < n and p[i] != c' ' and p[i] != c'\t':
+            i += 1
+        if count == maxn:
+            return maxn + 1
+        starts[count] = s
+        lens[count] = i - s
+        count += 1
+    return count
+
+
 # Connection kinds: which operations the parser accepts and how it reads their
 # arguments (a route's RMSG carries an account and queue names, a client's PUB
 # does not).
@@ -67,7 +101,7 @@ cdef class ProtoParser:
     # returns how much it consumed (a route switching its reader to S2).
     cdef public bint pause
 
-    cpdef feed(self, data)
+    cpdef feed(self, data, Py_ssize_t length=*)
     cdef int _control(self, const unsigned char* ctl, Py_ssize_t n,
                       const unsigned char* rest, Py_ssize_t avail,
                       Py_ssize_t* used) except -1
@@ -75,5 +109,7 @@ cdef class ProtoParser:
     cdef int _repoint(self, const unsigned char* old_base, Py_ssize_t ctl_len) except -1
     cdef int _finish_msg(self, const unsigned char* msg) except -1
     cdef int process_msg(self, const unsigned char* msg) except -1
+    cdef int control_op(self, int op, const unsigned char* arg, Py_ssize_t n) except -1
+    cdef int end_batch(self) except -1
     cdef tuple current_message(self, const unsigned char* msg)
     cdef Py_ssize_t _line_limit(self)

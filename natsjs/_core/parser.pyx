@@ -76,39 +76,6 @@ cdef inline bint _word_is(const unsigned char* p, Py_ssize_t n, const char* word
     return True
 
 
-cdef inline Py_ssize_t parse_size(const unsigned char* p, Py_ssize_t n) nogil:
-    """Decimal digits only, at most 9 of them (as nats-server's parseSize); -1 if not."""
-    cdef Py_ssize_t v = 0, k
-    if n == 0 or n > 9:
-        return -1
-    for k in range(n):
-        if p[k] < c'0' or p[k] > c'9':
-            return -1
-        v = v * 10 + (p[k] - c'0')
-    return v
-
-
-cdef inline Py_ssize_t split_args(const unsigned char* p, Py_ssize_t n,
-                                  Py_ssize_t* starts, Py_ssize_t* lens,
-                                  Py_ssize_t maxn) nogil:
-    """Split on spaces and tabs; returns the count, or maxn + 1 if there are more."""
-    cdef Py_ssize_t i = 0, count = 0, s
-    while i < n:
-        while i < n and (p[i] == c' ' or p[i] == c'\t'):
-            i += 1
-        if i >= n:
-            break
-        s = i
-        while i < n and p[i] != c' ' and p[i] != c'\t':
-            i += 1
-        if count == maxn:
-            return maxn + 1
-        starts[count] = s
-        lens[count] = i - s
-        count += 1
-    return count
-
-
 cdef bytes _snippet(const unsigned char* p, Py_ssize_t n):
     return PyBytes_FromStringAndSize(<const char*>p, n if n < 32 else 32)
 
@@ -132,8 +99,9 @@ cdef class ProtoParser:
         self.no_account = False
         self.pause = False
 
-    cpdef feed(self, data):
-        """Parse ``data`` (any bytes-like object, any split); returns the bytes consumed.
+    cpdef feed(self, data, Py_ssize_t length=-1):
+        """Parse ``data`` (any bytes-like object, any split), or its first ``length``
+        bytes; returns the bytes consumed.
 
         That is all of them unless a handler set ``pause`` (or closed the connection).
         """
@@ -143,6 +111,8 @@ cdef class ProtoParser:
         cdef const unsigned char* p
         cdef const unsigned char* nl
         cdef const unsigned char* ctl
+        if 0 <= length < n:
+            n = length
         if n == 0:
             return 0
         p = &view[0]
@@ -168,6 +138,7 @@ cdef class ProtoParser:
                     raise ProtocolError(
                         "maximum control line exceeded (%d bytes)" % PyByteArray_GET_SIZE(self.line),
                         ERR_MAX_CONTROL_LINE)
+                self.end_batch()
                 return n
             if PyByteArray_GET_SIZE(self.line) > 0:
                 self.line.extend(view[i:(nl - p) + 1])
@@ -183,6 +154,7 @@ cdef class ProtoParser:
             used = 0
             self._control(ctl, ctl_len, p + i, n - i, &used)
             i += used
+        self.end_batch()
         return i
 
     cdef Py_ssize_t _line_limit(self):
@@ -281,6 +253,11 @@ cdef class ProtoParser:
         if w == n and (op == OP_SUB or op == OP_UNSUB):
             # An operation that takes arguments needs a space after its name.
             raise ProtocolError("parser error: proto=%r" % _snippet(ctl, n), ERR_UNKNOWN_OP)
+        if self.control_op(op, ctl + a, n - a):
+            del self.line[:]
+            return 0
+        # Python sees operations in order: what the core batched goes out first.
+        self.end_batch()
         # Release the carried-over line before the callback: the callback may feed
         # nothing back, but it must never see a half-reset parser.
         args = PyBytes_FromStringAndSize(<const char*>(ctl + a), n - a)
@@ -394,6 +371,16 @@ cdef class ProtoParser:
         itself use; the fan-out core overrides this and stays in C.
         """
         self.on_op(-1, self.current_message(msg))
+        return 0
+
+    cdef int control_op(self, int op, const unsigned char* arg, Py_ssize_t n) except -1:
+        """A control operation handled in C (SUB, UNSUB, RS+, RS- on the common path):
+        1 if it was, 0 to hand it to ``on_op``.  ``arg`` is valid for this call only."""
+        return 0
+
+    cdef int end_batch(self) except -1:
+        """Called when ``feed`` returns and before any ``on_op`` call: the core hands
+        Python what it gathered over the operations handled in C (interest changes)."""
         return 0
 
     cdef tuple current_message(self, const unsigned char* msg):

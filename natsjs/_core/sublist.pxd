@@ -23,7 +23,7 @@ cdef class SublistResult:
 
 
 cdef class _Level:
-    cdef dict nodes                  # token -> _Node
+    cdef dict nodes                  # token -> _Node, or the lone Subscription there
     cdef _Node pwc
     cdef _Node fwc
     cdef Py_ssize_t num_nodes(self)
@@ -31,8 +31,8 @@ cdef class _Level:
 
 cdef class _Node:
     cdef _Level next
-    cdef dict psubs                  # Subscription -> None (ordered set)
-    cdef dict qsubs                  # queue name -> {Subscription: None}
+    cdef dict psubs                  # Subscription -> None (ordered set), or None
+    cdef dict qsubs                  # queue name -> {Subscription: None}, or None
     cdef bint is_empty(self)
 
 
@@ -49,7 +49,44 @@ cdef class Sublist:
     cpdef insert(self, Subscription sub)
     cpdef bint remove(self, Subscription sub)
     cpdef SublistResult match(self, bytes subject)
+    cdef void _added(self, bytes subject, bint literal)
+    cdef void _removed(self, bytes subject, bint literal)
+    cdef void _prune(self, list path)
     cdef void _invalidate(self, bytes subject, bint literal)
 
 
 cdef bint literal_ok(const unsigned char* p, Py_ssize_t n) noexcept nogil
+
+
+# A client's or a route's subscription is referenced by its connection and by the trie
+# for as long as it is registered; while it is, the cyclic GC has nothing to find in it,
+# so it is taken out of the GC's lists (as CPython does for tuples and dicts that hold
+# no containers) and put back when it leaves them.  Full collections then cost nothing
+# per subscription.  A subscription that left must be released again, or the
+# connection it points to could never be collected.
+cdef extern from "Python.h":
+    void PyObject_GC_Track(void* op)
+    void PyObject_GC_UnTrack(void* op)
+    int PyObject_GC_IsTracked(object op)
+
+
+cdef inline void hold_sub(Subscription sub) noexcept:
+    if PyObject_GC_IsTracked(sub):
+        PyObject_GC_UnTrack(<void*>sub)
+
+
+cdef inline void release_sub(Subscription sub) noexcept:
+    if not PyObject_GC_IsTracked(sub):
+        PyObject_GC_Track(<void*>sub)
+
+
+cdef inline Subscription new_sub(bytes subject, bytes queue, bytes sid, object client,
+                                 int qweight):
+    """A connection's subscription, without the Python call of the constructor."""
+    cdef Subscription sub = Subscription.__new__(Subscription)
+    sub.subject = subject
+    sub.queue = queue
+    sub.sid = sid
+    sub.client = client
+    sub.qweight = qweight
+    return sub

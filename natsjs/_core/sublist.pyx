@@ -55,6 +55,10 @@ cdef class SublistResult:
 
 
 cdef class _Level:
+    """One token position: literal tokens map to a ``_Node``, or straight to the
+    ``Subscription`` when that is the only (plain) subscription there and nothing lies
+    below it: a subject that one client subscribes to costs no node of its own."""
+
     def __cinit__(self):
         self.nodes = {}
         self.pwc = None
@@ -67,22 +71,19 @@ cdef class _Level:
 cdef class _Node:
     def __cinit__(self):
         self.next = None
-        self.psubs = {}
-        self.qsubs = {}
+        self.psubs = None
+        self.qsubs = None
 
     cdef bint is_empty(self):
         return not self.psubs and not self.qsubs and \
             (self.next is None or self.next.num_nodes() == 0)
 
 
-def valid_subject(bytes subject):
-    """True if ``subject`` may be subscribed to (wildcards allowed)."""
-    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(subject)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(subject), i, start = 0, tl
+cdef inline bint _valid_subject(const unsigned char* p, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i = 0, start = 0, tl
     cdef bint seen_fwc = False
     if n == 0:
         return False
-    i = 0
     while i <= n:
         if i == n or p[i] == c'.':
             tl = i - start
@@ -97,11 +98,17 @@ def valid_subject(bytes subject):
     return True
 
 
+def valid_subject(bytes subject):
+    """True if ``subject`` may be subscribed to (wildcards allowed)."""
+    return _valid_subject(<const unsigned char*>PyBytes_AS_STRING(subject),
+                          PyBytes_GET_SIZE(subject))
+
+
 def valid_literal_subject(bytes subject):
     """True if ``subject`` is valid and has no wildcard tokens (a publish subject)."""
     cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(subject)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(subject)
-    return literal_ok(p, n) and valid_subject(subject)
+    return literal_ok(p, n) and _valid_subject(p, n)
 
 
 cdef bint literal_ok(const unsigned char* p, Py_ssize_t n) noexcept nogil:
@@ -167,6 +174,7 @@ cdef void _add_node(_Node node, list psubs, dict groups):
 
 
 cdef void _match_level(_Level level, list toks, Py_ssize_t i, list psubs, dict groups):
+    cdef object v
     cdef _Node n = None
     cdef _Node pwc = None
     cdef Py_ssize_t ntoks = len(toks)
@@ -178,13 +186,30 @@ cdef void _match_level(_Level level, list toks, Py_ssize_t i, list psubs, dict g
         pwc = level.pwc
         if pwc is not None:
             _match_level(pwc.next, toks, i + 1, psubs, groups)
-        n = level.nodes.get(toks[i])
+        v = level.nodes.get(toks[i])
+        if type(v) is Subscription:
+            # A lone subscription: it matches when this is the last token, and
+            # nothing lies below it.
+            if i == ntoks - 1:
+                psubs.append(v)
+                if pwc is not None:
+                    _add_node(pwc, psubs, groups)
+            return
+        n = <_Node>v
         level = n.next if n is not None else None
         i += 1
     if n is not None:
         _add_node(n, psubs, groups)
     if pwc is not None:
         _add_node(pwc, psubs, groups)
+
+
+cdef void _add_all(_Node node, list out):
+    if node.psubs:
+        out.extend(node.psubs)
+    if node.qsubs:
+        for members in (<dict>node.qsubs).values():
+            out.extend(members)
 
 
 cdef class Sublist:
@@ -209,9 +234,12 @@ cdef class Sublist:
         cdef Py_ssize_t i, nt
         cdef bint literal = True
         cdef dict members
-        if not valid_subject(sub.subject):
-            raise ValueError("invalid subject %r" % sub.subject)
-        toks = sub.subject.split(b".")
+        cdef bytes subject = sub.subject
+        cdef object v
+        if not _valid_subject(<const unsigned char*>PyBytes_AS_STRING(subject),
+                              PyBytes_GET_SIZE(subject)):
+            raise ValueError("invalid subject %r" % subject)
+        toks = subject.split(b".")
         nt = len(toks)
         for i in range(nt):
             tok = toks[i]
@@ -226,19 +254,37 @@ cdef class Sublist:
                     level.fwc = _Node()
                 node = level.fwc
             else:
-                node = level.nodes.get(tok)
-                if node is None:
+                v = level.nodes.get(tok)
+                if v is None:
+                    if i == nt - 1 and sub.queue is None:
+                        level.nodes[tok] = sub
+                        self._added(subject, literal)
+                        return
                     node = _Node()
                     level.nodes[tok] = node
+                elif type(v) is Subscription:
+                    if v is sub:
+                        return
+                    # A second interest at this token: the lone subscription gets
+                    # the node it did without.
+                    node = _Node()
+                    node.psubs = {v: None}
+                    level.nodes[tok] = node
+                else:
+                    node = <_Node>v
             if i < nt - 1:
                 if node.next is None:
                     node.next = _Level()
                 level = node.next
         if sub.queue is None:
-            if sub in node.psubs:
+            if node.psubs is None:
+                node.psubs = {}
+            elif sub in node.psubs:
                 return
             node.psubs[sub] = None
         else:
+            if node.qsubs is None:
+                node.qsubs = {}
             members = node.qsubs.get(sub.queue)
             if members is None:
                 members = {}
@@ -246,9 +292,12 @@ cdef class Sublist:
             if sub in members:
                 return
             members[sub] = None
+        self._added(subject, literal)
+
+    cdef void _added(self, bytes subject, bint literal):
         self.count += 1
         self.inserts += 1
-        self._invalidate(sub.subject, literal)
+        self._invalidate(subject, literal)
 
     cpdef bint remove(self, Subscription sub):
         """Remove ``sub``; False if it was not there."""
@@ -257,12 +306,14 @@ cdef class Sublist:
         cdef _Node node = None
         cdef bint literal = True
         cdef dict members
-        cdef Py_ssize_t i
-        try:
-            toks = sub.subject.split(b".")
-        except AttributeError:
+        cdef Py_ssize_t i, nt
+        cdef object v
+        if sub.subject is None:
             return False
-        for tok in toks:
+        toks = sub.subject.split(b".")
+        nt = len(toks)
+        for i in range(nt):
+            tok = toks[i]
             if level is None:
                 return False
             if tok == _PWC:
@@ -272,37 +323,54 @@ cdef class Sublist:
                 literal = False
                 node = level.fwc
             else:
-                node = level.nodes.get(tok)
+                v = level.nodes.get(tok)
+                if type(v) is Subscription:
+                    if v is not sub or i != nt - 1:
+                        return False
+                    del level.nodes[tok]
+                    self._prune(path)
+                    self._removed(sub.subject, literal)
+                    return True
+                node = <_Node>v
             if node is None:
                 return False
             path.append((level, node, tok))
             level = node.next
         if sub.queue is None:
-            if sub not in node.psubs:
+            if node.psubs is None or sub not in node.psubs:
                 return False
             del node.psubs[sub]
         else:
-            members = node.qsubs.get(sub.queue)
+            members = node.qsubs.get(sub.queue) if node.qsubs is not None else None
             if members is None or sub not in members:
                 return False
             del members[sub]
             if not members:
                 del node.qsubs[sub.queue]
-        # Prune the nodes this removal left empty, deepest first.
+        self._prune(path)
+        self._removed(sub.subject, literal)
+        return True
+
+    cdef void _prune(self, list path):
+        """Drop the nodes a removal left empty, deepest first."""
+        cdef Py_ssize_t i
+        cdef _Level level
+        cdef _Node node
         for i in range(len(path) - 1, -1, -1):
             level, node, tok = path[i]
             if not node.is_empty():
                 break
             if tok == _PWC:
-                (<_Level>level).pwc = None
+                level.pwc = None
             elif tok == _FWC:
-                (<_Level>level).fwc = None
+                level.fwc = None
             else:
-                del (<_Level>level).nodes[tok]
+                del level.nodes[tok]
+
+    cdef void _removed(self, bytes subject, bint literal):
         self.count -= 1
         self.removes += 1
-        self._invalidate(sub.subject, literal)
-        return True
+        self._invalidate(subject, literal)
 
     cdef void _invalidate(self, bytes subject, bint literal):
         self.genid += 1
@@ -342,22 +410,33 @@ cdef class Sublist:
 
     def subscriptions(self):
         """Every subscription, in no particular order (for monitoring and route sync)."""
-        out = []
-        stack = [self.root]
+        cdef list out = []
+        cdef list stack = [self.root]
+        cdef _Level level
+        cdef _Node node
         while stack:
             level = <_Level>stack.pop()
-            nodes = list(level.nodes.values())
-            if level.pwc is not None:
-                nodes.append(level.pwc)
-            if level.fwc is not None:
-                nodes.append(level.fwc)
-            for node in nodes:
-                out.extend((<_Node>node).psubs)
-                for members in (<_Node>node).qsubs.values():
-                    out.extend(members)
-                if (<_Node>node).next is not None:
-                    stack.append((<_Node>node).next)
+            for v in level.nodes.values():
+                if type(v) is Subscription:
+                    out.append(v)
+                    continue
+                node = <_Node>v
+                _add_all(node, out)
+                if node.next is not None:
+                    stack.append(node.next)
+            for node in (level.pwc, level.fwc):
+                if node is not None:
+                    _add_all(node, out)
+                    if node.next is not None:
+                        stack.append(node.next)
         return out
+
+    def clear(self):
+        """Forget every subscription (a server that has stopped)."""
+        self.root = _Level()
+        self.cache = {}
+        self.genid += 1
+        self.count = 0
 
     def cache_size(self):
         return len(self.cache)

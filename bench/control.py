@@ -1,0 +1,397 @@
+"""Control-plane benchmarks: subscribe, connect and route interest, natsjs next to nats-server.
+
+natsbench measures messages; these loads measure the work around them, with a small
+raw-socket load generator (this module) that drives both servers byte for byte the same:
+
+* ``subs``: one connection sends ``--subs`` SUB lines for distinct subjects and a PING;
+  the time is from the first byte sent to the PONG.  The server's RSS is read from
+  ``/proc`` before the SUBs and after the PONG, which gives the RSS per subscription.
+* ``conns``: ``--conns`` connections, at most ``--window`` being set up at once, each
+  waiting for the INFO as clients do, then sending CONNECT, ``--conn-subs`` SUBs and a
+  PING; the time is from the first connect to the last PONG (all stay open until then).
+* ``route``: a server holding ``--subs`` subscriptions (one client, as in ``subs``) is
+  joined by a second server that routes to it; the time is from the second server's
+  first monitoring answer (before it has dialled anyone: both servers start their
+  monitoring port before routing) until its ``/routez`` counts that many subscriptions
+  on its routes (the few the servers' own internal subscriptions add make no
+  difference at this size).
+
+Each load runs ``--repeat`` times per server on fresh processes, the order alternating;
+the table gives medians and the natsjs/nats-server ratio of rates (for RSS, of
+subscriptions per megabyte), so that >= 1.0 means natsjs is at or better than the
+reference.  ``--pin`` runs every server on core 0 and this generator on core 1
+(bench/servers.py SERVER_CPU, LOAD_CPU).
+
+    python -m bench.control [--nats-server PATH] [--repeat 3] [--load subs,conns,route]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import errno
+import json
+import os
+import selectors
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .servers import (HOST, LOAD_CPU, NATSJS, REFERENCE, SERVER_CPU, ServerKind, _http_json,
+                      _wait_port, free_ports, on_cpu, server_kinds, stop)
+
+REPO = Path(__file__).resolve().parent.parent
+CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"lang":"bench","version":"1"}\r\n'
+LOADS = ("subs", "conns", "route")
+TITLES = {"subs": "subscribe (1 connection, %(subs)dk SUB, then PING)",
+          "conns": "connection set-up (%(conns)d x CONNECT + %(conn_subs)d SUB)",
+          "route": "route interest exchange (server joins one holding %(subs)dk subs)",
+          "rss": "RSS per subscription"}
+
+
+# --------------------------------------------------------------------------- helpers
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` from /proc (Linux)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS for pid %d" % pid)
+
+
+def read_until(sock: socket.socket, token: bytes, buf: bytearray, timeout: float) -> None:
+    """Read (blocking) until ``token`` is in ``buf``; what came is left in ``buf``."""
+    deadline = time.monotonic() + timeout
+    while token not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no %r within %gs (have %r)" % (token, timeout, bytes(buf[-80:])))
+        sock.settimeout(left)
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            raise ConnectionError("server closed the connection (have %r)" % bytes(buf[-200:]))
+        buf += chunk
+        if b"-ERR" in buf:
+            raise ConnectionError("server error: %r" % bytes(buf[buf.index(b"-ERR"):][:200]))
+
+
+def sub_lines(n: int, prefix: bytes, first_sid: int = 1) -> bytes:
+    return b"".join(b"SUB %s.%d %d\r\n" % (prefix, i, first_sid + i) for i in range(n))
+
+
+class Client:
+    """One blocking client connection: INFO read, CONNECT sent and PING answered."""
+
+    def __init__(self, port: int, timeout: float):
+        self.timeout = timeout
+        self.sock = socket.create_connection((HOST, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = bytearray()
+        read_until(self.sock, b"\r\n", buf, timeout)
+        self.ping(CONNECT)
+
+    def ping(self, before: bytes = b"") -> None:
+        """Send ``before`` and a PING, wait for the PONG: the server has processed it all."""
+        self.sock.settimeout(self.timeout)
+        self.sock.sendall(before + b"PING\r\n")
+        read_until(self.sock, b"PONG\r\n", bytearray(), self.timeout)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def launch(kind: ServerKind, args: list[str], log: Path, cpu: int | None) -> subprocess.Popen:
+    with open(log, "wb") as logf:
+        # taskset execs the server: the Popen's pid is the server's (for its RSS)
+        return subprocess.Popen(on_cpu([*kind.cmd, *args], cpu), stdin=subprocess.DEVNULL,
+                                stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+# --------------------------------------------------------------------------- loads
+
+def load_subs(port: int, pid: int, n: int, timeout: float) -> dict:
+    c = Client(port, timeout)
+    try:
+        payload = sub_lines(n, b"bench.subs")
+        before = rss_bytes(pid)
+        t0 = time.perf_counter()
+        c.ping(payload)
+        seconds = time.perf_counter() - t0
+        after = rss_bytes(pid)
+    finally:
+        c.close()
+    return {"ops": n, "seconds": seconds, "rate": n / seconds,
+            "rss_before": before, "rss_after": after, "rss_per_sub": (after - before) / n}
+
+
+def load_conns(port: int, conns: int, subs_each: int, window: int, timeout: float) -> dict:
+    """``conns`` clients set up through one epoll loop, ``window`` at a time."""
+    sel = selectors.DefaultSelector()
+    reqs = [CONNECT + sub_lines(subs_each, b"conn.%d" % i) + b"PING\r\n" for i in range(conns)]
+    done_socks: list[socket.socket] = []
+    state: dict[socket.socket, list] = {}     # sock -> [index, phase, buffer]
+    started = 0
+    finished = 0
+    deadline = time.monotonic() + timeout
+
+    def start_one() -> None:
+        nonlocal started
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        err = s.connect_ex((HOST, port))
+        if err not in (0, errno.EINPROGRESS):
+            raise OSError(err, os.strerror(err))
+        state[s] = [started, 0, bytearray()]
+        sel.register(s, selectors.EVENT_READ)
+        started += 1
+
+    t0 = time.perf_counter()
+    try:
+        while finished < conns:
+            while started < conns and started - finished < window:
+                start_one()
+            if time.monotonic() > deadline:
+                raise TimeoutError("%d of %d connections set up in %gs" % (finished, conns, timeout))
+            for key, _ in sel.select(1.0):
+                s = key.fileobj
+                st = state[s]
+                try:
+                    chunk = s.recv(65536)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    raise ConnectionError("connection %d closed by the server: %r"
+                                          % (st[0], bytes(st[2][-200:])))
+                st[2] += chunk
+                if st[1] == 0:
+                    if b"\r\n" in st[2]:           # the INFO: now the client speaks
+                        st[1] = 1
+                        del st[2][:]
+                        s.sendall(reqs[st[0]])
+                elif b"PONG\r\n" in st[2]:
+                    if b"-ERR" in st[2]:
+                        raise ConnectionError("server error: %r" % bytes(st[2][:200]))
+                    sel.unregister(s)
+                    del state[s]
+                    done_socks.append(s)
+                    finished += 1
+        seconds = time.perf_counter() - t0
+    finally:
+        for s in list(state) + done_socks:
+            s.close()
+        sel.close()
+    return {"ops": conns, "seconds": seconds, "rate": conns / seconds}
+
+
+def wait_remote_interest(http_port: int, target: int,
+                         timeout: float) -> tuple[float, float, int]:
+    """Poll ``/routez`` until the server's routes hold ``target`` subscriptions of its
+    peers; returns (first answer, done) as perf_counter times and the count."""
+    deadline = time.monotonic() + timeout
+    first = None
+    count = 0
+    while time.monotonic() < deadline:
+        d = _http_json(http_port, "/routez")
+        now = time.perf_counter()
+        if d is not None and "routes" in d:
+            if first is None:
+                first = now
+            count = sum(r.get("subscriptions", 0) for r in d.get("routes") or [])
+            if count >= target:
+                return first, now, count
+        time.sleep(0.005)
+    raise TimeoutError("/routez on :%d: %d of %d remote subscriptions after %gs"
+                       % (http_port, count, target, timeout))
+
+
+# --------------------------------------------------------------------------- one measurement
+
+def measure(kind: ServerKind, load: str, args, work: Path) -> dict:
+    """Start fresh server(s) of ``kind``, run one ``load``, stop them; a dict of figures."""
+    pin = SERVER_CPU if args.pin else None
+    procs: list[subprocess.Popen] = []
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    tag = f"{load}.{kind.label}.{time.monotonic_ns()}"
+    try:
+        if load in ("subs", "conns"):
+            port, http = free_ports(2)
+            log = logs / f"{tag}.log"
+            procs.append(launch(kind, ["-a", HOST, "-p", str(port), "-m", str(http)], log, pin))
+            _wait_port(port, procs[0], time.monotonic() + 30, log)
+            if load == "subs":
+                return load_subs(port, procs[0].pid, args.subs, args.timeout)
+            return load_conns(port, args.conns, args.conn_subs, args.window, args.timeout)
+        # route: A holds the subscriptions, B joins it.
+        pa, ca, ha, pb, cb, hb = free_ports(6)
+        cluster = ["--cluster_name", "ctlbench"]
+        log_a, log_b = logs / f"{tag}-a.log", logs / f"{tag}-b.log"
+        procs.append(launch(kind, ["-a", HOST, "-p", str(pa), "-m", str(ha), "-n", "ctl-a",
+                                   *cluster, "--cluster", f"nats://{HOST}:{ca}"], log_a, pin))
+        _wait_port(pa, procs[0], time.monotonic() + 30, log_a)
+        c = Client(pa, args.timeout)
+        try:
+            c.ping(sub_lines(args.subs, b"bench.route"))
+            procs.append(launch(kind, ["-a", HOST, "-p", str(pb), "-m", str(hb), "-n", "ctl-b",
+                                       *cluster, "--cluster", f"nats://{HOST}:{cb}",
+                                       "--routes", f"nats://{HOST}:{ca}"], log_b, pin))
+            first, done, count = wait_remote_interest(hb, args.subs, args.timeout)
+            rss_b = rss_bytes(procs[1].pid)
+        finally:
+            c.close()
+        seconds = done - first
+        return {"ops": args.subs, "seconds": seconds, "rate": args.subs / seconds,
+                "count": count, "rss_joiner": rss_b}
+    finally:
+        for p in procs:
+            stop(p)
+
+
+# --------------------------------------------------------------------------- report
+
+def summarise(rows: list[dict], servers: list[str], loads: list[str]) -> list[dict]:
+    out = []
+    for load in loads:
+        for figure in (("rate", "rss_per_sub") if load == "subs" else ("rate",)):
+            name = "rss" if figure == "rss_per_sub" else load
+            e = {"load": name}
+            for s in servers:
+                vals = [r[figure] for r in rows if r["load"] == load and r["server"] == s
+                        and not r.get("error")]
+                e[s] = statistics.median(vals) if vals else None
+            out.append(e)
+    return out
+
+
+def table(summary: list[dict], servers: list[str], args) -> str:
+    both = REFERENCE in servers and NATSJS in servers
+    head = ["load"] + [f"{s}" for s in servers] + (["natsjs/nats-server"] if both else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    params = {"subs": args.subs // 1000, "conns": args.conns, "conn_subs": args.conn_subs}
+    for e in summary:
+        title = TITLES[e["load"]] % params
+        if e["load"] == "rss":
+            cells = [("%.0f B" % e[s]) if e[s] is not None else "–" for s in servers]
+        else:
+            unit = "conns/s" if e["load"] == "conns" else "subs/s"
+            cells = [("%s %s" % (f"{e[s]:,.0f}", unit)) if e[s] is not None else "–"
+                     for s in servers]
+        if both:
+            ref, ours = e[REFERENCE], e[NATSJS]
+            if ref and ours:
+                # RSS: subscriptions per byte, so that >= 1.0 is at or better here too
+                ratio = ref / ours if e["load"] == "rss" else ours / ref
+                cells.append("%.2f" % ratio)
+            else:
+                cells.append("–")
+        lines.append("| " + " | ".join([title] + cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def failures(rows: list[dict]) -> str:
+    """The measurements that failed, one line each (empty when none did)."""
+    return "".join("- %s on %s, repeat %d: %s\n" % (r["load"], r["server"], r["repeat"],
+                                                     r["error"])
+                   for r in rows if r.get("error"))
+
+
+def result_row(row: dict, slot: int, args) -> dict:
+    """A RESULTS row of bench.trace's schema: msgs = operations (SUBs, connections),
+    msgs_per_sec = their rate; for ``subs``, size = RSS bytes per subscription."""
+    return {"scenario": "ctl-" + row["load"], "title": row["load"], "mode": "ctl-" + row["load"],
+            "topology": "cluster2-join" if row["load"] == "route" else "single",
+            "nodes": 2 if row["load"] == "route" else 1, "server": row["server"],
+            "repeat": row["repeat"], "slot": slot, "started_at": row["started_at"],
+            "msgs": row.get("ops"), "size": round(row["rss_per_sub"]) if "rss_per_sub" in row else None,
+            "pubs": 0, "subs": args.conn_subs if row["load"] == "conns" else args.subs,
+            "seconds": row.get("seconds"), "msgs_per_sec": row.get("rate"),
+            "mb_per_sec": None, "p50_us": None, "p99_us": None, "received": None, "samples": 0,
+            "error": row.get("error"), "natsbench_args": "pin" if args.pin else None,
+            "server_args": None}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m bench.control",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nats-server", default=None, help="reference server binary")
+    ap.add_argument("--natsjs-cmd", default=None, help="command starting natsjs")
+    ap.add_argument("--servers", default=f"{REFERENCE},{NATSJS}")
+    ap.add_argument("--load", default=",".join(LOADS), help="comma separated: " + ",".join(LOADS))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--subs", type=int, default=200_000, help="subscriptions (subs, route)")
+    ap.add_argument("--conns", type=int, default=4000, help="connections (conns)")
+    ap.add_argument("--conn-subs", type=int, default=10, help="SUBs per connection (conns)")
+    ap.add_argument("--window", type=int, default=100, help="connections being set up at once")
+    ap.add_argument("--timeout", type=float, default=120.0, help="per load, seconds")
+    ap.add_argument("--pin", action="store_true",
+                    help="servers on core 0, this generator on core 1 (taskset)")
+    ap.add_argument("--results", default=None, help="write a trace folder under this directory")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    loads = [x.strip() for x in args.load.split(",") if x.strip()]
+    if set(loads) - set(LOADS):
+        raise SystemExit("--load: choose from " + ",".join(LOADS))
+    kinds = server_kinds(args.servers, args.nats_server, args.natsjs_cmd)
+    if args.pin:
+        on_cpu([], LOAD_CPU)                  # checks taskset and the cores are there
+        os.sched_setaffinity(0, {LOAD_CPU})
+    servers = [k.label for k in kinds]
+    writer = None
+    if args.results:
+        from .trace import RunWriter, git_info, machine_info, new_run_id
+        sha, dirty = git_info(REPO)
+        started = dt.datetime.now(dt.timezone.utc)
+        run_id = new_run_id(sha, started) + "-ctl"
+        writer = RunWriter(Path(args.results) / run_id, run_id)
+        for k in kinds:
+            writer.add_meta({"kind": "e2e", "started_at": started, "git_sha": sha,
+                             "git_dirty": dirty, "server": k.label, "server_version": k.version(),
+                             "server_cmd": " ".join(k.cmd), "natsbench": "bench.control",
+                             **machine_info(), "repeat": args.repeat, "quick": False,
+                             "scenarios": ",".join("ctl-" + x for x in loads),
+                             "params": json.dumps(vars(args)),
+                             "argv": " ".join(sys.argv)})
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="natsjs-ctl-") as tmp:
+        for load in loads:
+            for rep in range(args.repeat):
+                for kind in (kinds if rep % 2 == 0 else kinds[::-1]):
+                    row = {"load": load, "server": kind.label, "repeat": rep,
+                           "started_at": dt.datetime.now(dt.timezone.utc)}
+                    try:
+                        row.update(measure(kind, load, args, Path(tmp)))
+                    except (OSError, RuntimeError, TimeoutError, ConnectionError) as exc:
+                        row["error"] = str(exc).splitlines()[0]
+                    rows.append(row)
+                    print("  %-6s %-12s r%d " % (load, kind.label, rep)
+                          + ("%8.3f s %12s/s" % (row["seconds"], f"{row['rate']:,.0f}")
+                             if "rate" in row else "")
+                          + ("  rss %.0f B/sub" % row["rss_per_sub"] if "rss_per_sub" in row else "")
+                          + ("  ERROR %s" % row["error"] if row.get("error") else ""),
+                          file=sys.stderr)
+                    if writer is not None:
+                        writer.add_result(result_row(row, len(rows) - 1, args))
+                        writer.flush()
+    text = table(summarise(rows, servers, loads), servers, args)
+    if failures(rows):
+        text += "\n" + failures(rows)
+    if args.pin:
+        text = "pinned: servers on core %d, this generator on core %d\n\n" % (SERVER_CPU,
+                                                                              LOAD_CPU) + text
+    if writer is not None:
+        (writer.dir / "table.md").write_text(text)
+        print("trace: %s" % writer.dir, file=sys.stderr)
+    print(text)
+    return 1 if any(r.get("error") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

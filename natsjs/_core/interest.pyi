@@ -1,0 +1,13 @@
+"""Type stub for natsjs._core.interest (see interest.pyx)."""
+from typing import Iterator, Optional, Union
+
+from natsjs._core.sublist import Subscription
+
+InterestMap = dict[Union[bytes, tuple[bytes, bytes]], int]
+
+
+def count_interest(rm: InterestMap, subs: list[Subscription], delta: int) -> list[Subscription]: ...
+def interest_lines(subs: list[Subscription], rm: InterestMap, prefix: bytes,
+                   delta: int) -> bytearray: ...
+def rm_lines(rm: InterestMap, prefix: bytes, add: bool) -> bytearray: ...
+def rm_items(rm: InterestMap) -> Iterator[tuple[bytes, Optional[bytes], int]]: ...
