@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from .servers import (HOST, LOAD_CPU, NATSJS, REFERENCE, SERVER_CPU, ServerKind, _http_json,
-                      _wait_port, free_ports, on_cpu, server_kinds, stop)
+                      _wait_port, free_ports, on_cpu, rss_bytes, server_kinds, stop)
 
 REPO = Path(__file__).resolve().parent.parent
 CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"lang":"bench","version":"1"}\r\n'
@@ -53,15 +53,6 @@ TITLES = {"subs": "subscribe (1 connection, %(subs)dk SUB, then PING)",
 
 
 # --------------------------------------------------------------------------- helpers
-
-def rss_bytes(pid: int) -> int:
-    """Resident set size of ``pid`` from /proc (Linux)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS for pid %d" % pid)
-
 
 def read_until(sock: socket.socket, token: bytes, buf: bytearray, timeout: float) -> None:
     """Read (blocking) until ``token`` is in ``buf``; what came is left in ``buf``."""

@@ -26,7 +26,7 @@ from pathlib import Path
 from . import scenarios as sc_mod
 from .scenarios import Scenario
 from .servers import (LOAD_CPU, NATSJS, REFERENCE, SERVER_CPU, ServerKind, find_nats_server,
-                      find_natsjs_cmd, on_cpu, running)
+                      find_natsjs_cmd, on_cpu, rss_bytes, running)
 from .trace import RunWriter, git_info, machine_info, new_run_id
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,6 +84,9 @@ def measure(scenario: Scenario, kind: ServerKind, repeat: int, slot: int, n: int
                 row["server_args"] = json.dumps([list(nd.args) for nd in srv.nodes])
                 res = run_natsbench(natsbench, args, scenario.timeout_s + 30,
                                     LOAD_CPU if pin else None)
+                if scenario.rss and res.error is None:
+                    # What the servers hold with the load's messages stored.
+                    row["rss_mb"] = sum(rss_bytes(pid) for pid in srv.pids) / 1e6
         except (RuntimeError, TimeoutError, OSError) as exc:
             res = BenchResult({}, f"server: {exc}".splitlines()[0])
         d = res.data
@@ -113,6 +116,7 @@ def summarise(rows: list[dict], servers: list[str]) -> list[dict]:
             entry[s] = {"msgs_per_sec": _median([r["msgs_per_sec"] for r in ok]),
                         "p50_us": _median([r.get("p50_us") for r in ok]),
                         "p99_us": _median([r.get("p99_us") for r in ok]),
+                        "rss_mb": _median([r.get("rss_mb") for r in ok]),
                         "ok": len(ok), "errors": errs}
         out.append(entry)
     return out
@@ -137,6 +141,9 @@ def ratio_table(summary: list[dict], servers: list[str]) -> str:
     has_lat = any(e[s]["p50_us"] is not None for e in summary for s in servers)
     if has_lat:
         head += [f"{s} p50/p99 µs" for s in servers]
+    has_rss = any(e[s].get("rss_mb") is not None for e in summary for s in servers)
+    if has_rss:
+        head += [f"{s} RSS MB" for s in servers]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     notes = []
     for e in summary:
@@ -146,6 +153,9 @@ def ratio_table(summary: list[dict], servers: list[str]) -> str:
             cells.append(f"{ours / ref:.2f}" if ref and ours is not None else "–")
         if has_lat:
             cells += [_lat(e[s]) for s in servers]
+        if has_rss:
+            cells += ["–" if e[s].get("rss_mb") is None else f"{e[s]['rss_mb']:,.0f}"
+                      for s in servers]
         lines.append("| " + " | ".join(cells) + " |")
         for s in servers:
             if e[s]["errors"]:

@@ -40,6 +40,7 @@ class Scenario:
     trace: bool = False
     default: bool = True
     timeout_s: float = 120.0
+    rss: bool = False
 
     def messages(self, quick: bool = False, override: int | None = None) -> int:
         if override:

@@ -117,6 +117,15 @@ def server_kinds(servers: str, nats_server: str | None = None,
     return kinds
 
 
+def rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` from /proc (Linux)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS for pid %d" % pid)
+
+
 def free_ports(count: int) -> list[int]:
     """Ports the kernel reports free now; held open together so they are distinct."""
     socks = []

@@ -101,3 +101,19 @@ def test_control_loads_on_both_servers(tmp_path, capsys):
     assert {(r["scenario"], r["server"]) for r in res} == {
         (s, k) for s in ("ctl-subs", "ctl-conns", "ctl-route") for k in ("nats-server", "natsjs")}
     assert all(r["error"] is None and r["msgs_per_sec"] > 0 for r in res)
+
+
+def test_rss_scenario_records_the_servers_memory(tools, tmp_path, capsys):
+    """A scenario with ``rss = true`` (jspub-1m) reads each server's resident memory
+    after the load and shows it next to the throughput."""
+    nb, ns = tools
+    rc = run.main(["--natsbench", nb, "--nats-server", ns, "--natsjs-cmd", ns,
+                   "--scenario", "jspub-1m", "-n", "20000", "--repeat", "1",
+                   "--results", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "nats-server RSS MB" in out and "natsjs RSS MB" in out
+    res = trace.read_table(trace.discover([tmp_path]), "results").to_pylist()
+    assert len(res) == 2
+    # A Go server holding a JetStream stream is well past a few megabytes resident.
+    assert all(r["error"] is None and r["rss_mb"] > 5 for r in res), res
