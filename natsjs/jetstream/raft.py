@@ -244,8 +244,6 @@ class RaftNode:
                 self._configs.append((index, decode_peers(decode_entry(entry)[3])))
         self._tail_first = self._runs.last + 1
         self.voters: tuple = self._configs[-1][1]
-        if self.repairing and self.voters == (self.id,):
-            self.repairing = False           # no one to repair from: what it has is all
         self.persisted_index = self._runs.last     # the driver syncs the recovered log first
         self.commit = self.snap.index
         self.applied = self.snap.index
@@ -270,6 +268,9 @@ class RaftNode:
                           MSG_SNAPSHOT_RESP: self._on_snapshot_resp,
                           MSG_TIMEOUT_NOW: self._on_timeout_now}
         self._ready = Ready()
+        if self.repairing and self.voters == (self.id,):
+            self.repairing = False           # no one to repair from: what it has is all
+            self._save_hard_state()
         self.dropped = 0                     # undecodable messages (counted, never fatal)
         self._reset_election_timer()
         if self.term == 0 and self.last_index == 0 and self.voters and \

@@ -252,6 +252,10 @@ class RaftStorage:
         if self.repair:
             self.save_hard_state(self.term, self.vote, True)
         self._sync_now()
+        if report.get("corrupt") and hasattr(log, "scrub"):
+            # What the damage decided (the cut, the repair flag) is durable: its bytes
+            # can go, so the next start does not find the same damage again.
+            log.scrub()
 
     def _damaged(self, what: str) -> None:
         self.damage.append(what)
