@@ -421,3 +421,20 @@ def test_a_node_that_lost_its_vote_refuses_votes_until_it_hears_a_leader():
     sim.net.heal()
     assert sim.run_for(3.0, until=lambda: not hf.node.repairing)
     assert hf.node.vote == leader(sim) == hf.node.leader_id
+
+
+def test_the_first_leader_writes_the_voters_into_the_log():
+    # The bootstrap voters are otherwise only in the state file: a member that loses it
+    # (and is not told its peers by its caller, like a meta group member that joined)
+    # reads them back from its log and can stand again once repaired.
+    sim = make(seed=31)
+    voters = node(sim, leader(sim)).voters
+    f = followers(sim)[0]
+    hf = sim.hosts[f]
+    assert sim.run_for(2.0, until=lambda: hf.node.commit >= 2)
+    hf.crash()
+    hf.files.durable["state.json"] = b"{}"
+    hf.bootstrap = ()
+    hf.start()
+    assert hf.node.voters == voters and hf.node.repairing
+    assert sim.run_for(3.0, until=lambda: hf.node.may_stand())

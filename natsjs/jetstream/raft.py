@@ -685,6 +685,11 @@ class RaftNode:
         self._leader_since = now
         self._transfer_to = None
         self._leader_first = self._append_new(ENTRY_NOOP, [b""])
+        if self._configs[-1][0] == 0 and self.voters:
+            # The voters are written nowhere but the bootstrap state file: put them in
+            # the log (a configuration entry that changes nothing), so a member whose
+            # state file is damaged learns them again from its log or the leader's.
+            self._append_new(ENTRY_CONFIG, [encode_peers(self.voters)])
 
     def _set_voters(self, peers: tuple) -> None:
         self.voters = peers
