@@ -696,6 +696,19 @@ def test_a_record_of_unknown_kind_damages_every_sequence(fopener):
     assert log.recovery["damaged_from"] == 1
 
 
+def test_a_sealed_block_cut_short_damages_every_sequence(fopener):
+    log = fopener(block_size=4096)
+    fill(log, 200)
+    log.close()
+    first = block_files(fopener.path)[0]
+    assert len(block_files(fopener.path)) > 1
+    with open(first, "r+b") as f:
+        f.truncate(first.stat().st_size // 2)      # whatever followed may have been tombstones
+    log = FileLog(str(fopener.path))
+    fopener.logs.append(log)
+    assert log.recovery["corrupt"] and log.recovery["damaged_from"] == 1
+
+
 def test_a_damaged_tombstone_names_the_sequence_it_deleted(fopener):
     log = fopener(block_size=1 << 20)
     fill(log, 30)

@@ -2013,10 +2013,11 @@ cdef class FileLog(_Log):
                 seq = ld64(d + p + 8)
                 entry["seq"] = seq
             self.recovery["corrupt"].append(entry)
-            # Which sequences the lost record can have been about: a message its own; a
-            # tombstone the one it names; an erased record none; markers and records of
-            # unknown kind (bad header) any of them.
-            if rc == 0 or d[p + 1] in (K_SKIP, K_FLOOR, K_TRUNC):
+            # Which sequences the lost bytes can have been about.  One record whose header
+            # holds (a valid record follows it): a message its own sequence, a tombstone
+            # the one it names, an erased record none, a marker any.  Anything else (a bad
+            # header, a block cut short) may have held tombstones for any sequence.
+            if rc == 0 or q != p + ld32(d + p + 4) or d[p + 1] in (K_SKIP, K_FLOOR, K_TRUNC):
                 self.damaged_from(1)
             elif d[p + 1] != K_ERASED or ld64(d + p + 8):
                 self.damaged_from(ld64(d + p + 8) or 1)

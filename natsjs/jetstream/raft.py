@@ -857,8 +857,8 @@ class RaftNode:
             return
         self.repairing = False
         if self.vote is None:
-            # Whatever we voted before the damage, it cannot have been in a term we now
-            # see a leader for and vote in again: that leader is our vote for this term.
+            # We may have voted in this term before the damage: counting its leader as
+            # our vote keeps us from granting another in it.
             self.vote = self.leader_id
         self._save_hard_state()
 
