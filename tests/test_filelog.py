@@ -578,7 +578,8 @@ def test_reopen_gives_identical_state(fopener):
     assert (log.state(), log.deleted(), log.subjects()) == before
     rec = log.recovery
     assert set(rec) == {"blocks", "records", "tombstones", "truncated_bytes", "corrupt", "lost",
-                        "seconds"}
+                        "damaged_from", "seconds"}
+    assert rec["damaged_from"] == 0
     assert rec["blocks"] >= 1 and rec["records"] > 0
 
 
@@ -662,6 +663,68 @@ def test_corrupt_length_resynchronises(fopener):
     assert log.load(60) is None
     assert [log.load(s)[2] for s in (59, 61, 100)] == [b"payload-58", b"payload-60", b"payload-99"]
     assert log.msgs == 99
+
+
+def test_damage_says_from_which_sequence_and_scrub_removes_it(fopener):
+    def flip(data, off, rlen):
+        data[off + rlen - 12] ^= 0x10
+
+    damage_record(fopener, 40, flip)
+    log = FileLog(str(fopener.path))
+    assert log.recovery["damaged_from"] == 40       # a message: its own sequence
+    log.truncate(39)                                # what the owner decided ...
+    s = log.begin_sync()
+    s.run()
+    log.mark_synced(s)                              # ... is durable: now scrub
+    assert log.scrub() == 1
+    log.close()
+    log = FileLog(str(fopener.path))
+    fopener.logs.append(log)
+    rec = log.recovery
+    assert rec["corrupt"] == [] and rec["lost"] == [] and rec["damaged_from"] == 0
+    assert (log.last_seq, log.msgs) == (39, 39) and log.load(39)[2] == b"payload-38"
+
+
+def test_a_record_of_unknown_kind_damages_every_sequence(fopener):
+    def bad_header(data, off, rlen):
+        data[off + 1] ^= 0x40                       # the kind: the header check fails
+
+    damage_record(fopener, 60, bad_header)
+    log = FileLog(str(fopener.path))
+    fopener.logs.append(log)
+    # it may have been a tombstone or a marker about any sequence
+    assert log.recovery["damaged_from"] == 1
+
+
+def test_a_sealed_block_cut_short_damages_every_sequence(fopener):
+    log = fopener(block_size=4096)
+    fill(log, 200)
+    log.close()
+    first = block_files(fopener.path)[0]
+    assert len(block_files(fopener.path)) > 1
+    with open(first, "r+b") as f:
+        f.truncate(first.stat().st_size // 2)      # whatever followed may have been tombstones
+    log = FileLog(str(fopener.path))
+    fopener.logs.append(log)
+    assert log.recovery["corrupt"] and log.recovery["damaged_from"] == 1
+
+
+def test_a_damaged_tombstone_names_the_sequence_it_deleted(fopener):
+    log = fopener(block_size=1 << 20)
+    fill(log, 30)
+    log.remove(7)
+    log.append(b"s.x", None, b"after", 99)         # (a cut last record is a torn tail)
+    log.close()
+    blk = block_files(fopener.path)[0]
+    data = bytearray(blk.read_bytes())
+    off, kind, rlen, seq = [r for r in records(bytes(data)) if r[1] == K_TOMB][0]
+    assert seq == 7
+    data[off + rlen - 1] ^= 0x01                    # its checksum
+    blk.write_bytes(bytes(data))
+    log = FileLog(str(fopener.path))
+    fopener.logs.append(log)
+    assert log.recovery["damaged_from"] == 7
+    assert log.load(7) is not None                  # what the damage brought back
 
 
 def test_corruption_found_on_read_is_not_served(fopener):

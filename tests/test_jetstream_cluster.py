@@ -517,6 +517,10 @@ async def _not_replicated(js, stream: str, consumer: str):
     return not ci.cluster.replicas and ci
 
 
+def _diff(got, want):
+    return {k: (v, want.get(k)) for k, v in (got or {}).items() if want.get(k) != v}
+
+
 def _local_stream_state(cluster: JSCluster, i: int, name: str):
     """The stream's state in server ``i``'s own replica (its /jsz)."""
     for acc in cluster.http(i, "/jsz?accounts=true&streams=true").get("account_details") or []:
@@ -557,6 +561,54 @@ def test_long_down_replica_catches_up_from_a_snapshot(cluster3):
     while _local_stream_state(cluster3, down, "C") != want:
         assert time.monotonic() < deadline, (_local_stream_state(cluster3, down, "C"), want)
         time.sleep(0.1)
+
+
+def test_a_damaged_message_block_on_one_replica_is_repaired_from_the_leader(cluster3):
+    """Bits flipped in one follower's message block while it is down, below its last
+    snapshot (so the Raft log no longer holds those entries): the replica never serves
+    the damaged record, cuts its store back to before it, fetches the rest from the
+    leader and ends up holding what the others hold, byte for byte."""
+    from natsjs._core.filelog import FileLog
+    n = 9000            # more entries than a snapshot takes (replicated.SNAPSHOT_EVERY)
+
+    async def main():
+        nc, js = await connect(cluster3)
+        await js.add_stream(name="D", subjects=["d"], num_replicas=3)
+        for chunk in range(0, n, 500):
+            await asyncio.gather(*(js.publish("d", b"p%06d" % (chunk + k))
+                                   for k in range(500)))
+        leader = cluster3.index_of(await stream_leader(js, "D"))
+        await nc.close()
+        return leader
+    leader = run(main())
+    down = [i for i in range(3) if i != leader][0]
+    msgs = os.path.join(cluster3.dir, "n%d" % (down + 1), "jetstream", "APP", "streams", "D",
+                        "msgs")
+    deadline = time.monotonic() + 30
+    while (_local_stream_state(cluster3, down, "D") or {}).get("messages") != n:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    cluster3.stop(down)
+    blk = os.path.join(msgs, "blk", sorted(os.listdir(os.path.join(msgs, "blk")))[0])
+    with open(blk, "r+b") as f:
+        data = f.read()
+        off = data.index(b"p000099")               # the payload of sequence 100
+        f.seek(off + 3)
+        f.write(bytes([data[off + 3] ^ 0x08]))
+    cluster3.restart(down).wait_for(re.compile(rb"message store damaged"), timeout=30)
+    want = _local_stream_state(cluster3, leader, "D")
+    assert want["messages"] == n
+    deadline = time.monotonic() + 60
+    while _local_stream_state(cluster3, down, "D") != want:
+        assert time.monotonic() < deadline, _diff(_local_stream_state(cluster3, down, "D"), want)
+        time.sleep(0.1)
+    cluster3.stop(down)
+    log = FileLog(msgs)
+    try:
+        assert log.recovery["corrupt"] == []        # the damaged bytes are gone
+        assert log.load(100)[2] == b"p000099" and log.msgs == n
+    finally:
+        log.close()
 
 
 def test_stream_update_scales_replicas_up_and_down(cluster3):

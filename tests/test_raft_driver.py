@@ -310,3 +310,119 @@ def test_a_refused_fsync_acknowledges_nothing_and_is_retried(tmp_path):
         svc.storage.close()
 
     trio.run(main)
+
+
+# ---- damaged files: found, never used, repair before voting -----------------------------
+
+def _snapshotted(path):
+    """A group member's files: entries 1..6 of terms 1, 1, 2, 2, 3, 3, a snapshot at 4,
+    term 3 and a vote for b."""
+    from natsjs.jetstream.raft import OP_SNAPSHOT_SAVE
+    s = _storage(path)
+    s.append(1, _entries(1, [1, 1, 2, 2, 3, 3]))
+    s.save_hard_state(3, "b")
+    s._sync_now()
+    s.apply_op((OP_SNAPSHOT_SAVE, 4, 2, PEERS, b"state@4"))
+    assert (s.log.first_seq, s.last_index) == (5, 6)
+    s.close()
+
+
+def _flip(path, offset=None):
+    data = bytearray(path.read_bytes())
+    off = len(data) // 2 if offset is None else offset
+    data[off] ^= 0x04
+    path.write_bytes(bytes(data))
+
+
+def test_a_cut_snapshot_record_empties_the_log_and_the_node_repairs(tmp_path):
+    _snapshotted(tmp_path)
+    snap = tmp_path / "snapshot.json"
+    snap.write_bytes(snap.read_bytes()[:19])       # a tail cut off
+    s = _storage(tmp_path)
+    assert s.snapshot is None and s.last_index == 0 and s.log.first_seq == 1
+    assert s.repair and any("snapshot.json" in d for d in s.damage)
+    assert (s.term, s.vote) == (3, "b")             # the state file is intact
+    assert not [n for n in s.files.names() if n.startswith("snap-")]
+    s.close()
+    s = _storage(tmp_path)                          # the repair survives a restart
+    assert s.repair and s.last_index == 0
+    s.close()
+
+
+def test_a_damaged_snapshot_file_is_never_restored(tmp_path):
+    _snapshotted(tmp_path)
+    _flip(tmp_path / "snap-4.bin", 2)
+    s = _storage(tmp_path)
+    assert s.snapshot is None and s.snapshot_bytes() == b"" and s.last_index == 0
+    assert s.repair and any("snap-4.bin" in d for d in s.damage)
+    s.close()
+
+
+def test_a_log_that_lost_its_start_without_a_snapshot_is_emptied(tmp_path):
+    _snapshotted(tmp_path)
+    (tmp_path / "snapshot.json").unlink()           # the log starts at 5, nothing before
+    s = _storage(tmp_path)
+    assert s.snapshot is None and (s.log.first_seq, s.last_index) == (1, 0)
+    assert s.repair and any("starts at 5" in d for d in s.damage)
+    s.close()
+
+
+def test_a_damaged_term_and_vote_are_rebuilt_from_the_log_and_not_trusted(tmp_path):
+    _snapshotted(tmp_path)
+    state = tmp_path / "state.json"
+    text = state.read_bytes()
+    state.write_bytes(text.replace(b'"term":3', b'"term":1'))   # still valid JSON
+    s = _storage(tmp_path)
+    # the highest term the snapshot and the log prove; no vote; repair before voting
+    assert (s.term, s.vote, s.repair) == (3, None, True)
+    assert s.peers == PEERS and s.last_index == 6   # the caller's voters; the log stays
+    s.close()
+    state.write_bytes(b'{"term":3,"vo')              # cut short: not even JSON
+    s = _storage(tmp_path)
+    assert (s.term, s.vote, s.repair) == (3, None, True)
+    s.close()
+
+
+def test_a_record_failing_its_checksum_ends_the_log_there_and_the_node_repairs(tmp_path):
+    s = _storage(tmp_path)
+    entries = _entries(1, [1] * 8)
+    s.append(1, entries)
+    s._sync_now()
+    s.close()
+    blk = tmp_path / "log" / "blk" / "00000001.blk"
+    size = blk.stat().st_size
+    _flip(blk, size * 5 // 8 + 4)                   # inside entry 6 of 8
+    s = _storage(tmp_path)
+    assert s.last_index < 6 and s.entry(s.last_index) == entries[s.last_index - 1]
+    assert s.repair and s.damage
+    s.close()
+
+
+def test_a_torn_tail_is_cut_without_repair(tmp_path):
+    s = _storage(tmp_path)
+    s.append(1, _entries(1, [1] * 8))
+    s._sync_now()
+    s.close()
+    blk = tmp_path / "log" / "blk" / "00000001.blk"
+    with open(blk, "r+b") as f:
+        f.truncate(blk.stat().st_size - 5)           # the last write never completed
+    s = _storage(tmp_path)
+    assert s.last_index == 7 and not s.repair and not s.damage
+    s.close()
+
+
+def test_a_service_over_damaged_files_starts_repairing(tmp_path):
+    _snapshotted(tmp_path)
+    (tmp_path / "state.json").write_bytes(b"\x00garbage")
+    fsm = StateMachine()
+
+    async def main():
+        net = LocalNetwork()
+        transport, inbox = net.attach("a")
+        svc = RaftService("a", RaftStorage(FileLog(str(tmp_path / "log")),
+                                           DirFiles(str(tmp_path))),
+                          transport, fsm, peers=PEERS)
+        assert svc.node.repairing and not svc.node.may_stand()
+        svc.storage.close()
+
+    trio.run(main)

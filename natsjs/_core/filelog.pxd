@@ -212,6 +212,7 @@ cdef class FileLog(_Log):
     cdef uint64_t rc_tombs
 
     cdef recover(self, uint64_t first_seq)
+    cdef damaged_from(self, uint64_t seq)
     cdef size_t scan_file(self, Block b, bint last_block) except? 0
     cdef object decode_compressed(self, Block b, bytes data)
     cdef size_t scan(self, Block b, const uint8_t* d, size_t n, bint last_block) except? 0

@@ -34,6 +34,8 @@ class Recovery(TypedDict):
     corrupt: list[dict[str, Any]]
     # single sequences, or (first, last) ranges when the exact sequences are unknown
     lost: list[int | tuple[int, int]]
+    # the lowest sequence whose state the damage may have changed (0: no damage)
+    damaged_from: int
     seconds: float
 
 class Sync:
@@ -102,6 +104,7 @@ class FileLog(_Log):
     def __init__(self, dir: str | os.PathLike[str], block_size: int = ...,
                  compression: Literal["none", "s2"] = "none", first_seq: int = 1) -> None: ...
     def __enter__(self) -> "FileLog": ...
+    def scrub(self) -> int: ...
 
 class MemLog(_Log):
     def __init__(self, first_seq: int = 1, *, block_size: int = ...) -> None: ...

@@ -1811,7 +1811,7 @@ cdef class MemLog(_Log):
     def __init__(self, uint64_t first_seq=1, *, uint64_t block_size=MEM_BLOCK_SIZE):
         self._setup(False, block_size, first_seq)
         self.recovery = {"blocks": 0, "records": 0, "tombstones": 0, "truncated_bytes": 0,
-                         "corrupt": [], "lost": [], "seconds": 0.0}
+                         "corrupt": [], "lost": [], "damaged_from": 0, "seconds": 0.0}
 
     cdef int erase(self, Block b, uint64_t off, uint32_t rlen, uint64_t seq) except -1:
         cdef uint8_t* p = b.buf + b.bstart + (off - (b.size - b.blen))
@@ -1861,7 +1861,7 @@ cdef class FileLog(_Log):
         cdef Slot* s
         cdef bint any_records
         self.recovery = {"blocks": 0, "records": 0, "tombstones": 0, "truncated_bytes": 0,
-                         "corrupt": [], "lost": [], "seconds": 0.0}
+                         "corrupt": [], "lost": [], "damaged_from": 0, "seconds": 0.0}
         indices = []
         for name in os.listdir(self.blkdir):
             if name.endswith(".tmp"):
@@ -1981,6 +1981,7 @@ cdef class FileLog(_Log):
                 reason = "compressed block has the wrong length"
         self.recovery["corrupt"].append({"block": b.index, "offset": 0, "length": n,
                                          "seq": None, "reason": reason})
+        self.damaged_from(1)
         if not self.rc_lost_lo:
             self.rc_lost_lo = self.rc_max + 1
         return None
@@ -2012,6 +2013,14 @@ cdef class FileLog(_Log):
                 seq = ld64(d + p + 8)
                 entry["seq"] = seq
             self.recovery["corrupt"].append(entry)
+            # Which sequences the lost bytes can have been about.  One record whose header
+            # holds (a valid record follows it): a message its own sequence, a tombstone
+            # the one it names, an erased record none, a marker any.  Anything else (a bad
+            # header, a block cut short) may have held tombstones for any sequence.
+            if rc == 0 or q != p + ld32(d + p + 4) or d[p + 1] in (K_SKIP, K_FLOOR, K_TRUNC):
+                self.damaged_from(1)
+            elif d[p + 1] != K_ERASED or ld64(d + p + 8):
+                self.damaged_from(ld64(d + p + 8) or 1)
             if entry["seq"] is not None and q == p + ld32(d + p + 4):
                 self.recovery["lost"].append(entry["seq"])
             elif not self.rc_lost_lo:
@@ -2020,6 +2029,52 @@ cdef class FileLog(_Log):
                 return p
             p = q
         return n
+
+    cdef damaged_from(self, uint64_t seq):
+        cdef uint64_t cur = self.recovery["damaged_from"]
+        if cur == 0 or seq < cur:
+            self.recovery["damaged_from"] = seq
+
+    def scrub(self):
+        """Overwrite, in place and durably, each corrupt region the recovery found
+        inside a block (``recovery['corrupt']``) with a record that means nothing (an
+        erased record of sequence 0), so the next open finds no damage there.  Call it
+        right after opening, once what the damage decided is durable (a truncation, a
+        repair flag): until then the damage must stay visible to the next recovery.
+        Returns how many regions it overwrote; regions shorter than a record, and
+        compressed blocks, stay as they are (and are found again)."""
+        cdef Block b
+        cdef bytes rec
+        cdef uint8_t* p
+        cdef uint64_t off, n, base
+        cdef int done = 0
+        self.check_open()
+        for entry in self.recovery.get("corrupt") or ():
+            n = entry.get("length") or 0
+            off = entry.get("offset") or 0
+            index = entry.get("block")
+            if n < MIN_REC or n > MAX_REC or index is None or index < self.blk_base \
+                    or index - self.blk_base >= len(self.blkv):
+                continue
+            b = self.block_at(index)
+            if b is None or b.removed or b.compressed or off + n > b.size:
+                continue
+            rec = PyBytes_FromStringAndSize(NULL, n)
+            p = <uint8_t*>PyBytes_AS_STRING(rec)
+            memset(p, 0, n)
+            put_header(p, K_ERASED, 0, n, 0, 0, 0)
+            st64(p + n - SUM, xxh64_c(p, n - SUM, 0))
+            base = b.size - b.blen
+            if off + n > base:
+                memcpy(b.buf + b.bstart + (off - base), p, n)
+            fd = os.open(b.path, os.O_WRONLY)
+            try:
+                os.pwrite(fd, rec, off)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            done += 1
+        return done
 
     cdef int recover_record(self, Block b, const uint8_t* r, uint32_t off) except -1:
         cdef int kind = r[1]

@@ -43,6 +43,7 @@ cdef class MatchIndex:
     cdef readonly int count
 
     cpdef bint update(self, peer, uint64_t index)
+    cpdef void forget(self, peer)
     cpdef uint64_t get(self, peer)
     cpdef uint64_t quorum_index(self, int quorum=*)
     cpdef uint64_t commit_index(self, TermRuns runs, uint64_t term, uint64_t commit,

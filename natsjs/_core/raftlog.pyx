@@ -566,6 +566,13 @@ cdef class MatchIndex:
         self._match[<int>slot] = index
         return True
 
+    cpdef void forget(self, peer):
+        """``peer`` no longer holds what it acknowledged (its storage was damaged): known
+        durable on it is nothing, until it acknowledges again."""
+        slot = self._slots.get(peer)
+        if slot is not None:
+            self._match[<int>slot] = 0
+
     cpdef uint64_t get(self, peer):
         slot = self._slots.get(peer)
         return 0 if slot is None else self._match[<int>slot]

@@ -401,7 +401,10 @@ class JetStreamCluster:
 
     async def _meta_loop(self) -> None:
         files = DirFiles(self.meta_dir)
-        state = files.read_json("state.json")
+        try:
+            state = files.read_json("state.json")
+        except (OSError, ValueError):
+            state = None     # damaged: RaftStorage.recover says so and the node repairs
         peers = None
         if not state or not state.get("peers"):
             peers = await self._bootstrap()
@@ -451,6 +454,7 @@ class JetStreamCluster:
         transport, inbox = self.transport.attach(META)
         self.meta = RaftService(self.me, storage, transport, self.state,
                                 peers=peers or (), config=RaftConfig(), fsync=self.js.fsync)
+        self.report_damage("the meta group", storage)
         if peers == []:
             self._nursery.start_soon(self._ask_to_join)
         self._bootstrapped.set()
@@ -489,6 +493,15 @@ class JetStreamCluster:
                                  self.node_name(peer))
         except Exception as exc:
             self.server.log.debug("JetStream cluster: add %s later: %r", peer, exc)
+
+    def report_damage(self, what: str, storage: RaftStorage) -> None:
+        """Log what a group's Raft storage found damaged on start (never used; the
+        node repairs from the leader before it votes: natsjs/jetstream/raft.py)."""
+        if storage.damage:
+            self.server.log.error("JetStream cluster: %s: damaged Raft storage: %s%s", what,
+                                  "; ".join(storage.damage),
+                                  "; repairing from the leader before voting"
+                                  if storage.repair else "")
 
     def meta_leader_changed(self, leader, term: int) -> None:
         if leader is not None:

@@ -28,7 +28,17 @@ Durability rules:
 * a follower acknowledges an index only once the driver has reported it persisted, and
   only up to what the current leader has shown to match its own log (``_verified``);
 * the leader counts itself toward a quorum only for what it has persisted itself;
-* entries are applied only once committed and persisted locally.
+* entries are applied only once committed and persisted locally;
+* repair before voting: a node whose storage was found damaged on start (a log that
+  lost entries it may have acknowledged, a term/vote it can no longer read: see
+  ``RaftStorage.recover``) starts with ``repair=True``.  It neither stands for election
+  nor grants a vote (real or pre-) until it has heard a leader and holds, durable and
+  matching that leader, an entry of the leader's term: it then has every entry committed
+  before that term, and it takes that leader as its vote for the term.  Until then it
+  only follows and acknowledges what it really holds, like any follower.  The flag is
+  part of the hard state, so a crash during the repair does not end it.  ``standby``
+  is the application's own hold: its state machine is being repaired (a stream replica
+  fetching messages it lost), so it must not lead, though its log is sound and it votes.
 
 Message fields by type (``natsjs/_core/raftlog.pyx`` has the byte layout)::
 
@@ -144,7 +154,8 @@ class SnapshotMeta:
 class Ready:
     """Effects accumulated since the last ``RaftNode.ready()``, in the order to execute:
 
-    1. ``hard_state`` (term, vote): persist atomically before sending any message;
+    1. ``hard_state`` (term, vote, repairing): persist atomically before sending any
+       message;
     2. ``ops``: log operations, in order (appends are not yet durable; the driver reports
        durability with ``persisted``);
     3. ``messages``: ``(peer, bytes)`` to send;
@@ -205,7 +216,8 @@ class RaftNode:
 
     def __init__(self, node_id: str, peers, *, view, config: RaftConfig | None = None,
                  rng: random.Random | None = None, term: int = 0, vote: str | None = None,
-                 snapshot: SnapshotMeta | None = None, now: float = 0.0):
+                 snapshot: SnapshotMeta | None = None, now: float = 0.0,
+                 repair: bool = False):
         self.id = node_id
         self._sender = node_id.encode()
         self.cfg = config or RaftConfig()
@@ -214,6 +226,8 @@ class RaftNode:
         self.now = now
         self.term = term
         self.vote = vote
+        self.repairing = repair              # repair before voting (module docstring)
+        self.standby = False                 # the application asks us not to lead
         self.role = FOLLOWER
         self.leader_id: str | None = None
         self.snap = snapshot or SnapshotMeta(0, 0, tuple(peers), 0)
@@ -254,6 +268,9 @@ class RaftNode:
                           MSG_SNAPSHOT_RESP: self._on_snapshot_resp,
                           MSG_TIMEOUT_NOW: self._on_timeout_now}
         self._ready = Ready()
+        if self.repairing and self.voters == (self.id,):
+            self.repairing = False           # no one to repair from: what it has is all
+            self._save_hard_state()
         self.dropped = 0                     # undecodable messages (counted, never fatal)
         self._reset_election_timer()
         if self.term == 0 and self.last_index == 0 and self.voters and \
@@ -290,6 +307,11 @@ class RaftNode:
     def promotable(self) -> bool:
         return self.id in self.voters
 
+    def may_stand(self) -> bool:
+        """A voter that may campaign: not repairing its log and not held by the
+        application."""
+        return self.id in self.voters and not self.repairing and not self.standby
+
     def quorum(self) -> int:
         return len(self.voters) // 2 + 1
 
@@ -316,7 +338,7 @@ class RaftNode:
         if self.role == LEADER:
             self._tick_leader()
         elif now >= self._election_deadline:
-            if self.promotable():
+            if self.may_stand():
                 self._campaign(pre=True)
             else:
                 self._reset_election_timer()
@@ -381,6 +403,7 @@ class RaftNode:
                 self._maybe_commit()
         elif self.role == FOLLOWER and self.leader_id is not None:
             self._ack_leader(False)
+            self._check_repaired()
 
     def transfer_leadership(self, to: str | None = None) -> str:
         """Hand leadership to ``to`` (or the most caught-up voter) once it has every entry;
@@ -595,7 +618,7 @@ class RaftNode:
             self._ready.role = role
 
     def _save_hard_state(self) -> None:
-        self._ready.hard_state = (self.term, self.vote)
+        self._ready.hard_state = (self.term, self.vote, self.repairing)
 
     def _become_follower(self, term: int, leader: str | None) -> None:
         if term > self.term:
@@ -662,6 +685,11 @@ class RaftNode:
         self._leader_since = now
         self._transfer_to = None
         self._leader_first = self._append_new(ENTRY_NOOP, [b""])
+        if self._configs[-1][0] == 0 and self.voters:
+            # The voters are written nowhere but the bootstrap state file: put them in
+            # the log (a configuration entry that changes nothing), so a member whose
+            # state file is damaged learns them again from its log or the leader's.
+            self._append_new(ENTRY_CONFIG, [encode_peers(self.voters)])
 
     def _set_voters(self, peers: tuple) -> None:
         self.voters = peers
@@ -711,6 +739,12 @@ class RaftNode:
 
     def _on_vote(self, m: Message) -> None:
         pre = bool(m.flags & FLAG_PREVOTE)
+        if self.repairing:
+            # Repair before voting: we may have voted in this term before the damage, or
+            # lost entries the candidate lacks.
+            self._send(m.sender, encode_message(MSG_VOTE_RESP, FLAG_PREVOTE if pre else 0,
+                                                self.term, self._sender))
+            return
         can_vote = (self.vote == m.sender or (self.vote is None and self.leader_id is None)
                     or (pre and m.term > self.term))
         up_to_date = (m.log_term > self.last_term or
@@ -749,7 +783,7 @@ class RaftNode:
 
     def _on_timeout_now(self, m: Message) -> None:
         # the leader hands over: campaign at once, skipping the pre-vote and the lease
-        if self.role == FOLLOWER and self.promotable():
+        if self.role == FOLLOWER and self.may_stand():
             self._campaign(pre=False, transfer=True)
 
     def _heard_leader(self, leader: str) -> None:
@@ -810,6 +844,23 @@ class RaftNode:
         if not appended or self.now - self._last_resp_at >= self.cfg.heartbeat_interval:
             self._ack_leader(True)
         # otherwise the response goes out when the driver reports these entries persisted
+        self._check_repaired()
+
+    def _check_repaired(self) -> None:
+        """End the repair (module docstring) once we hold, durable and verified, an entry
+        of the current leader's term: the leader wrote its no-op first in its term, after
+        every entry committed before, so we then hold all of those too."""
+        if not self.repairing or self.role != FOLLOWER or self.leader_id is None:
+            return
+        ack = self._ack_index()
+        if ack < self.snap.index or self._runs.term_at(ack) != self.term:
+            return
+        self.repairing = False
+        if self.vote is None:
+            # We may have voted in this term before the damage: counting its leader as
+            # our vote keeps us from granting another in it.
+            self.vote = self.leader_id
+        self._save_hard_state()
 
     def _reject(self, rejected: int, hint: int) -> None:
         self._last_resp_at = self.now
@@ -832,6 +883,7 @@ class RaftNode:
             if c > self.commit:
                 self.commit = c
             self._ack_leader(True)
+            self._check_repaired()
             return
         offset = m.hint
         if self._recv is None or self._recv[0] != index or self._recv[2] != m.term:
@@ -1021,6 +1073,15 @@ class RaftNode:
                 self._maybe_promote(m.sender, pr)
             return
         rejected = m.index
+        if m.hint < pr.match <= rejected and pr.state != SNAPSHOT:
+            # The follower lacks entries it acknowledged: its storage was damaged and it
+            # is repairing (module docstring).  Nothing is known durable on it any more;
+            # find its match point again.  (A stale rejection overtaken by an ack does the
+            # same: harmless, the next ack restores the match.)
+            pr.match = 0
+            self._match.forget(m.sender)
+            pr.state = PROBE
+            pr.next = rejected + 1
         if pr.state == REPLICATE:
             if rejected <= pr.match:
                 return  # answers an append that has been overtaken

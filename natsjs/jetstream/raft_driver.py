@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import zlib
 
 import trio
 
@@ -115,6 +116,33 @@ class RaftStorage:
 
     It is also the node's ``LogView``: ``last_index``, ``entry(index)``,
     ``snapshot_chunk(offset, size)``.
+
+    Every record is checked on the way in: log entries by the FileLog's checksums and
+    their own index and term; ``state.json`` and ``snapshot.json`` carry a CRC-32 of
+    their content (``crc``), and ``snapshot.json`` one of the snapshot file (``sum``).
+    What ``recover`` finds damaged it never uses: it lists it in ``damage`` (the owner
+    logs it) and sets ``repair``, so the node repairs before voting (natsjs/jetstream/
+    raft.py):
+
+    * a torn tail (the last block cut short, as a crash leaves an unsynced write) is cut
+      off and is not damage: it was never acknowledged;
+    * an entry that fails its checks ends the log there; the entries it may have
+      acknowledged after it come back from the leader;
+    * a log that no longer starts where the snapshot (or the beginning) says, or a
+      snapshot whose files fail their checks, leaves nothing to build on: the log is
+      emptied and the node rejoins empty, repaired by the leader's snapshot and entries;
+    * a ``state.json`` that fails its checks loses the term and the vote: the term is
+      rebuilt as the highest the snapshot and the log prove, the vote as none, and the
+      node votes again only once repaired (it then counts the leader it found as its
+      vote for that term).  The voters come from the snapshot and the log's
+      configuration entries, else from the caller's ``peers``.
+
+    The policy for a lost vote, its limit: a vote cast before the damage in a term
+    higher than the leader the node repairs from, for a candidate that neither won nor
+    told anyone else its term, is not known; the node could vote again in that term.
+    Pre-vote and the leader lease make such a term rare (a candidate needs a majority's
+    pre-vote while no leader is heard), and refusing to vote for ever is the only
+    certain alternative.
     """
 
     def __init__(self, log, files):
@@ -128,6 +156,8 @@ class RaftStorage:
         self._incoming = None      # name of the snapshot being received
         self._clamp = None         # lowest truncation point since the running sync began
         self.recovered_truncations = 0
+        self.repair = False        # repair before voting (see the class docstring)
+        self.damage: list[str] = []
 
     # -- recovery
 
@@ -135,25 +165,46 @@ class RaftStorage:
         """Load term, vote and snapshot, and make the log consistent with them.
 
         ``peers`` is the bootstrap voter set, recorded on first start (a node joining an
-        existing group passes none and learns its voters from the leader).
+        existing group passes none and learns its voters from the leader).  Damage is
+        handled as the class docstring says; recovery itself never fails on it.
         """
-        state = self.files.read_json(STATE)
-        if state is None:
-            self.peers = tuple(peers)
-            self.files.write_json(STATE, {"term": 0, "vote": None, "peers": list(peers)})
-        else:
-            self.term, self.vote = state["term"], state["vote"]
-            self.peers = tuple(state.get("peers") or ())
-        snap = self.files.read_json(SNAPSHOT)
+        log = self.log
+        report = getattr(log, "recovery", None) or {}
+        if report.get("corrupt") or report.get("lost"):
+            self._damaged("log records failed their checks (%d bad, lost %s)" % (
+                len(report.get("corrupt") or ()), _brief(report.get("lost") or ())))
+        found_state, state = self._read_checked(STATE, _STATE_KEYS, _state_ok)
+        found_snap, snap = self._read_checked(SNAPSHOT, _SNAP_KEYS, _snap_ok)
+        if snap is not None and not self._snap_file_ok(snap):
+            self._damaged("snapshot file %s fails its checks" % snap["file"])
+            snap = None
+        elif found_snap and snap is None:
+            self._damaged("%s fails its checks" % SNAPSHOT)
         if snap is not None:
             self.snapshot = SnapshotMeta(snap["index"], snap["term"], tuple(snap["peers"]),
                                          snap["size"])
             self._snap_file = snap["file"]
         for name in self.files.names():
-            # leftovers of a snapshot that was never completed, or replaced
+            # leftovers of a snapshot that was never completed, or replaced, or damaged
             if name.startswith("snap-") and name != self._snap_file:
                 self.files.remove(name)
-        log = self.log
+        lost_state = False
+        if state is not None:
+            self.term, self.vote = state["term"], state["vote"]
+            self.peers = tuple(state["peers"])
+            if state.get("repair"):
+                self.repair = True
+                self.damage.append("still repairing from an earlier start")
+        elif not found_state and not found_snap and log.last_seq < log.first_seq == 1:
+            # a new member: nothing on disk yet
+            self.peers = tuple(peers)
+            self.files.write_json(STATE, _sealed({"term": 0, "vote": None,
+                                                  "peers": list(peers)}))
+        else:
+            self._damaged("%s %s: term and vote unknown" % (
+                STATE, "fails its checks" if found_state else "is missing"))
+            self.peers = tuple(peers)
+            lost_state = True
         base = self.snapshot.index if self.snapshot else 0
         if self.snapshot is not None:
             # The log must continue the snapshot: keep it only if it holds the snapshot's
@@ -161,32 +212,77 @@ class RaftStorage:
             first, last = log.first_seq, log.last_seq
             keep = False
             if last < first:
-                keep = False
+                keep = first == base + 1
+                if first > base + 1:
+                    self._damaged("log starts at %d, after the snapshot at %d"
+                                  % (first, base))
             elif first == base + 1:
                 keep = True
             elif first <= base <= last:
                 rec = log.load(base)
                 keep = rec is not None and self._term_of(rec[2], base) == self.snapshot.term
+            elif first > base + 1:
+                self._damaged("log starts at %d, after the snapshot at %d" % (first, base))
             if not keep:
                 self._reset_log(base + 1)
             elif first <= base:
                 log.compact(base + 1)
         elif log.first_seq != 1:
             # a compacted log is only ever left behind a durable snapshot.json
-            raise RuntimeError("raft log starts at %d but there is no snapshot"
-                               % log.first_seq)
+            self._damaged("log starts at %d but there is no snapshot" % log.first_seq)
+            self._reset_log(1)
         # Entries must be intact, in sequence, with non-decreasing terms; the first one
-        # that is not ends the log (a torn write, or a truncation that never reached disk).
+        # that is not ends the log (a torn write, or a truncation that never reached disk;
+        # an entry that fails its checks is damage).
         prev_term = self.snapshot.term if self.snapshot else 0
         for index in range(log.first_seq, log.last_seq + 1):
             rec = log.load(index)
             term = self._term_of(rec[2], index) if rec is not None else None
             if term is None or term < prev_term:
+                if term is None:
+                    self._damaged("log entry %d fails its checks: the log ends at %d"
+                                  % (index, index - 1))
                 log.truncate(index - 1)
                 self.recovered_truncations += 1
                 break
             prev_term = term
+        if lost_state:
+            # The highest term the node can prove it saw; it votes in none before repair.
+            self.term, self.vote = prev_term, None
+        if self.repair:
+            self.save_hard_state(self.term, self.vote, True)
         self._sync_now()
+        if report.get("corrupt") and hasattr(log, "scrub"):
+            # What the damage decided (the cut, the repair flag) is durable: its bytes
+            # can go, so the next start does not find the same damage again.
+            log.scrub()
+
+    def _damaged(self, what: str) -> None:
+        self.damage.append(what)
+        self.repair = True
+
+    def _read_checked(self, name: str, keys: frozenset, valid):
+        """(found, record): the checked content of a small JSON file, None when it fails
+        a check (found says whether there was a file at all)."""
+        try:
+            obj = self.files.read_json(name)
+        except (OSError, ValueError):
+            return True, None
+        if obj is None:
+            return False, None
+        rec = _unsealed(obj, keys)
+        if rec is None or not valid(rec):
+            return True, None
+        return True, rec
+
+    def _snap_file_ok(self, snap: dict) -> bool:
+        try:
+            data = self.files.read_at(snap["file"], 0, snap["size"] + 1)
+        except (OSError, KeyError):
+            return False
+        if len(data) != snap["size"]:
+            return False
+        return "sum" not in snap or zlib.crc32(data) == snap["sum"]
 
     @staticmethod
     def _term_of(entry, index):
@@ -197,10 +293,11 @@ class RaftStorage:
         return term if eindex == index else None
 
     def _reset_log(self, first: int) -> None:
+        """Empty the log; the next entry it takes is ``first``."""
         log = self.log
-        if log.last_seq >= log.first_seq:
-            log.truncate(log.first_seq - 1)
-        log.compact(first)
+        log.truncate(0)
+        if first > 1:
+            log.compact(first)
 
     def _sync_now(self) -> None:
         s = self.log.begin_sync()
@@ -230,9 +327,12 @@ class RaftStorage:
 
     # -- effects
 
-    def save_hard_state(self, term: int, vote) -> None:
-        self.term, self.vote = term, vote
-        self.files.write_json(STATE, {"term": term, "vote": vote, "peers": list(self.peers)})
+    def save_hard_state(self, term: int, vote, repair: bool = False) -> None:
+        self.term, self.vote, self.repair = term, vote, repair
+        state = {"term": term, "vote": vote, "peers": list(self.peers)}
+        if repair:
+            state["repair"] = True
+        self.files.write_json(STATE, _sealed(state))
 
     def append(self, first: int, entries: list) -> None:
         append = self.log.append
@@ -251,7 +351,8 @@ class RaftStorage:
             _, index, term, peers, data = op
             name = "snap-%d.bin" % index
             self.files.write_file(name, data)
-            self._set_snapshot(SnapshotMeta(index, term, tuple(peers), len(data)), name)
+            self._set_snapshot(SnapshotMeta(index, term, tuple(peers), len(data)), name,
+                               zlib.crc32(data))
             # the snapshot is durable, so the entries it covers can go
             if self.log.first_seq <= index:
                 self.log.compact(index + 1)
@@ -264,7 +365,8 @@ class RaftStorage:
             name = "snap-%d.bin" % index
             self.files.promote(self._incoming, name)
             self._incoming = None
-            self._set_snapshot(SnapshotMeta(index, term, tuple(peers), size), name)
+            self._set_snapshot(SnapshotMeta(index, term, tuple(peers), size), name,
+                               zlib.crc32(self.files.read_at(name, 0, size)))
             # The whole log is replaced; the next sync makes the empty log durable (and
             # recovery drops entries that do not continue the snapshot meanwhile).
             self._truncated(0)
@@ -272,11 +374,12 @@ class RaftStorage:
         else:  # pragma: no cover - a programming error in the node
             raise ValueError("unknown raft log op %r" % (kind,))
 
-    def _set_snapshot(self, meta: SnapshotMeta, name: str) -> None:
+    def _set_snapshot(self, meta: SnapshotMeta, name: str, crc: int) -> None:
         old = self._snap_file
-        self.files.write_json(SNAPSHOT, {"index": meta.index, "term": meta.term,
-                                         "peers": list(meta.peers), "size": meta.size,
-                                         "file": name})
+        self.files.write_json(SNAPSHOT, _sealed({"index": meta.index, "term": meta.term,
+                                                 "peers": list(meta.peers),
+                                                 "size": meta.size, "file": name,
+                                                 "sum": crc}))
         self.snapshot = meta
         self._snap_file = name
         if old and old != name:
@@ -309,6 +412,58 @@ class RaftStorage:
 
     def close(self) -> None:
         self.log.close()
+
+
+# ---- checked small files ----------------------------------------------------------------
+
+_STATE_KEYS = frozenset(("term", "vote", "peers"))
+_SNAP_KEYS = frozenset(("index", "term", "peers", "size", "file"))
+
+
+def _crc(obj: dict) -> int:
+    return zlib.crc32(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode())
+
+
+def _sealed(obj: dict) -> dict:
+    """``obj`` with the CRC-32 of its content, checked by ``_unsealed``."""
+    return dict(obj, crc=_crc(obj))
+
+
+def _unsealed(obj, keys: frozenset):
+    """The content of a sealed record, or None when it fails its check.  A record
+    without ``crc`` (written before records were sealed) is taken only in its old shape,
+    exactly ``keys``."""
+    if not isinstance(obj, dict):
+        return None
+    body = {k: v for k, v in obj.items() if k != "crc"}
+    if "crc" not in obj:
+        return body if set(body) == keys else None
+    return body if keys <= set(body) and obj["crc"] == _crc(body) else None
+
+
+def _is_peers(v) -> bool:
+    return isinstance(v, list) and all(isinstance(p, str) for p in v)
+
+
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _state_ok(st: dict) -> bool:
+    return (_is_count(st["term"]) and (st["vote"] is None or isinstance(st["vote"], str))
+            and _is_peers(st["peers"]))
+
+
+def _snap_ok(sn: dict) -> bool:
+    f = sn["file"]
+    return (_is_count(sn["index"]) and _is_count(sn["term"]) and _is_peers(sn["peers"])
+            and _is_count(sn["size"]) and isinstance(f, str) and f.startswith("snap-")
+            and "/" not in f and _is_count(sn.get("sum", 0)))
+
+
+def _brief(lost) -> str:
+    out = ", ".join("%d-%d" % x if isinstance(x, tuple) else str(x) for x in list(lost)[:5])
+    return out + (" ..." if len(lost) > 5 else "") if out else "none"
 
 
 # ---- transport ------------------------------------------------------------------------
@@ -406,7 +561,8 @@ class RaftService:
             fsm.restore(storage, storage.snapshot.index, storage.snapshot.term)
         self.node = RaftNode(node_id, storage.peers, view=storage, config=self.cfg,
                              rng=random.Random(seed), term=storage.term, vote=storage.vote,
-                             snapshot=storage.snapshot, now=trio.current_time())
+                             snapshot=storage.snapshot, now=trio.current_time(),
+                             repair=storage.repair)
         self._lock = trio.Lock()
         self._want_sync = trio.Event()
         self._wake = trio.Event()

@@ -15,6 +15,12 @@ The Raft log is the durable record; the store is not fsynced per entry.  Every
 that says how far the store goes; on a restart the store is cut back to that point and
 the log after it is applied again.
 
+A store whose files were damaged (records failing their checksums) is never served from
+and never passed on: on start it is cut back to before the first sequence the damage
+can have touched (``_cut_damage``); what it lacks then comes from the leader (catch-up,
+natsjs/jetstream/catchup.py) or from the log, and the replica stands for no election
+while it catches up (``RaftNode.standby``), so a leader's store is always whole.
+
 A consumer of a replicated stream has its own group on the same peers: its leader
 delivers and proposes what changes its state (acknowledgements, delivered positions),
 and every replica applies them, so a new consumer leader knows what was acknowledged.
@@ -156,8 +162,8 @@ class ReplicatedStream(_Replica):
             return None
         try:
             return cls(cluster, jsa, sa)
-        except OSError as exc:
-            cluster.server.log.error("JetStream cluster: cannot start stream '%s > %s': %s",
+        except Exception as exc:     # a replica that cannot start never stops the server
+            cluster.server.log.error("JetStream cluster: cannot start stream '%s > %s': %r",
                                      sa["acc"], sa["cfg"]["name"], exc)
             return None
 
@@ -178,6 +184,7 @@ class ReplicatedStream(_Replica):
                           {"config": cfg, "created": sa["created"], "group": sa["group"]})
         store = open_message_log(os.path.join(self.path, MSGS) if cfg["storage"] == "file"
                                  else None, cfg)
+        self._cut_damage(store)
         self.stream = Stream(jsa, cfg, sa["created"], store, self.path)
         self.stream.replica = self
         self._replies: dict[int, bytes] = {}       # raft index -> reply (leader)
@@ -199,6 +206,8 @@ class ReplicatedStream(_Replica):
         # is applied again.
         self.raft = RaftService(cluster.me, storage, transport, self, peers=self.peers,
                                 config=RaftConfig(), fsync=self.js.fsync)
+        cluster.report_damage(repr(self), storage)
+        self.raft.node.standby = self.catching_up
         if storage.snapshot is None:
             self._reset_store(None)
         from natsjs.jetstream import catchup
@@ -439,6 +448,28 @@ class ReplicatedStream(_Replica):
         finally:
             self._snapshotting = False
 
+    def _cut_damage(self, store) -> None:
+        """A store with damaged records (its recovery report) goes back to before the
+        first sequence the damage can have touched, durably, and the damaged bytes are
+        overwritten (FileLog.scrub); the snapshot and the log then say what is missing."""
+        from natsjs.jetstream.recovery import _log_recovery
+        report = getattr(store, "recovery", None) or {}
+        if not report.get("corrupt") and not report.get("lost"):
+            return
+        log = self.server.log
+        _log_recovery(log, self.acc_name, self.name, report)
+        first = report.get("damaged_from") or 1
+        log.error("JetStream cluster: stream '%s > %s': message store damaged: cut back to "
+                  "%d (was %d); the rest comes from the leader", self.acc_name, self.name,
+                  first - 1, store.last_seq)
+        if store.last_seq >= first:
+            store.truncate(first - 1)
+        s = store.begin_sync()
+        s.run()
+        store.mark_synced(s)
+        store.scrub()
+        report["lost"] = []     # not lost: fetched again (stream state reports no loss)
+
     def _reset_store(self, state) -> None:
         """Cut the store back to a snapshot's state (or to empty without one)."""
         store = self.stream.store
@@ -462,6 +493,9 @@ class ReplicatedStream(_Replica):
                                      "snapshot (%d < %d); catching up", self.acc_name,
                                      self.name, store.last_seq, state["last_seq"])
                 self.catching_up = True
+                raft = getattr(self, "raft", None)   # (none yet on start: __init__ sets it)
+                if raft is not None:
+                    raft.node.standby = True         # no leading from an incomplete store
                 self.js.spawn(self._catch_up, store.last_seq + 1, state["last_seq"])
             else:
                 self._reset_store(state)
@@ -471,6 +505,7 @@ class ReplicatedStream(_Replica):
         await catchup.fetch(self, first, last)
 
     def resume_after_catch_up(self) -> None:
+        self.raft.node.standby = False
         held, self._held = self._held, []
         if held and not self.closed:
             self.apply(held)
@@ -522,9 +557,9 @@ class ReplicatedConsumer(_Replica):
     def create(cls, cluster, srep: ReplicatedStream, ca: dict):
         try:
             return cls(cluster, srep, ca)
-        except OSError as exc:
+        except Exception as exc:     # a replica that cannot start never stops the server
             cluster.server.log.error("JetStream cluster: cannot start consumer '%s > %s > %s': "
-                                     "%s", ca["acc"], ca["stream"], ca["name"], exc)
+                                     "%r", ca["acc"], ca["stream"], ca["name"], exc)
             return None
 
     def __init__(self, cluster, srep: ReplicatedStream, ca: dict):
@@ -559,6 +594,7 @@ class ReplicatedConsumer(_Replica):
         transport, self._inbox = cluster.transport.attach(self.group)
         self.raft = RaftService(cluster.me, storage, transport, self, peers=self.peers,
                                 config=RaftConfig(), fsync=self.js.fsync)
+        cluster.report_damage(repr(self), storage)
         stream.add_consumer(self.consumer)
         self.js.spawn(self._run)
 

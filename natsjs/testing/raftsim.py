@@ -3,7 +3,9 @@
 What it runs: several ``RaftNode``s on the real ``RaftStorage`` (recovery rules included)
 over a model file log that forgets every write that was not fsynced when its node
 crashes (``SimLog``), a simulated clock, and a network that drops, delays, duplicates,
-reorders and partitions.  Faults are drawn from one seeded RNG, so a seed replays exactly:
+reorders and partitions; a crash may also damage the node's files (log records that
+fail their checksums, a snapshot or term/vote file with a flipped bit), one node at a
+time.  Faults are drawn from one seeded RNG, so a seed replays exactly:
 
     python -m natsjs.testing.raftsim --seeds 1000 [--nodes 5] [--first 0]
 
@@ -32,6 +34,8 @@ import sys
 import time
 
 from natsjs.jetstream.raft import LEADER, ConfigChangeInProgress, NotLeader, RaftConfig, RaftNode
+from natsjs.jetstream.raft_driver import SNAPSHOT as SNAPSHOT_FILE
+from natsjs.jetstream.raft_driver import STATE as STATE_FILE
 from natsjs.jetstream.raft_driver import RaftStorage
 
 
@@ -64,6 +68,7 @@ class SimLog:
         self.synced_seq = 0
         self._durable = ({}, 1, 0)
         self._pending = []
+        self.recovery = {}     # what the next open finds damaged, as FileLog reports it
 
     def append(self, subject, hdr, msg, ts, seq=0):
         if seq == 0:
@@ -82,6 +87,7 @@ class SimLog:
     def truncate(self, seq):
         _truncate(self.recs, seq)
         self.last_seq = seq
+        self.first_seq = min(self.first_seq, seq + 1)   # as FileLog: truncate(0) empties
         self._pending.append(("t", seq, None))
 
     def compact(self, seq):
@@ -108,6 +114,7 @@ class SimLog:
             elif kind == "t":
                 _truncate(recs, seq)
                 last = seq
+                first = min(first, seq + 1)
             else:
                 _compact(recs, seq)
                 first = max(first, seq)
@@ -124,6 +131,29 @@ class SimLog:
         self.recs = dict(recs)
         self.first_seq, self.last_seq = first, last
         self.synced_seq = min(self.synced_seq, last)
+
+    def damage(self, rng, seq=None):
+        """Corrupt durable records of a crashed log as FileLog would find them: one
+        record in the middle fails its checksum (a hole; ``seq``, else a random one), or
+        the first ones do (the log seems to start later).  Returns what it did, or None
+        if the log is empty."""
+        recs, first, last = self._durable
+        if last < first:
+            return None
+        if seq is not None or rng.random() < 0.5:
+            seq = rng.randint(first, last) if seq is None else seq
+            del recs[seq]
+            self.recovery = {"corrupt": [{"seq": seq}], "lost": [seq]}
+            what = "record %d" % seq
+        else:
+            upto = rng.randint(first, last)
+            _compact(recs, upto + 1)
+            self._durable = (recs, upto + 1, last)
+            self.recovery = {"corrupt": [{"seq": None}], "lost": [(first, upto)]}
+            what = "records %d-%d" % (first, upto)
+        self.recs = dict(recs)
+        self.first_seq, self.last_seq = self._durable[1], self._durable[2]
+        return what
 
     def close(self):
         pass
@@ -182,6 +212,13 @@ class SimFiles:
     def crash(self):
         self.scratch.clear()
 
+    def damage(self, rng, name):
+        """Flip a bit of a durable file (the checksums must catch it)."""
+        data = bytearray(self.durable[name])
+        off = rng.randrange(len(data))
+        data[off] ^= 1 << rng.randrange(8)
+        self.durable[name] = bytes(data)
+
 
 # ---- the application: a list of values ----------------------------------------------------
 
@@ -210,6 +247,7 @@ class SimHost:
         self.gen = 0
         self.syncing = None
         self.hold_sync = False  # tests: keep this host's writes unsynced
+        self.damaged = False    # its files were damaged since it last started
         self.app = []          # [(index, value)] applied, in order
 
     def start(self):
@@ -217,6 +255,10 @@ class SimHost:
         self.gen += 1
         self.storage = RaftStorage(self.log, self.files)
         self.storage.recover(self.bootstrap)
+        self.log.recovery = {}
+        self.damaged = False
+        if self.storage.damage:
+            sim.trace("%s found damage: %s" % (self.id, "; ".join(self.storage.damage)))
         self.app = []
         applied_to = 0
         if self.storage.snapshot is not None:
@@ -227,7 +269,8 @@ class SimHost:
         self.node = sim.node_cls(self.id, self.storage.peers, view=self.storage,
                                  config=sim.config, rng=random.Random(sim.rng.random()),
                                  term=self.storage.term, vote=self.storage.vote,
-                                 snapshot=self.storage.snapshot, now=sim.now)
+                                 snapshot=self.storage.snapshot, now=sim.now,
+                                 repair=self.storage.repair)
         self.syncing = None
         self.up = True
         sim.trace("start %s term=%d last=%d" % (self.id, self.node.term, self.node.last_index))
@@ -415,7 +458,7 @@ class Sim:
 
     def __init__(self, seed, nodes=3, spares=1, duration=6.0, faults=True,
                  node_cls=RaftNode, config=None, fsync=(0.0005, 0.004), tick=0.01,
-                 crash_rate=1.0, liveness=3.0):
+                 crash_rate=1.0, liveness=3.0, corrupt_rate=1.0):
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -424,6 +467,7 @@ class Sim:
         self.duration = duration
         self.faults = faults
         self.crash_rate = crash_rate
+        self.corrupt_rate = corrupt_rate
         self.liveness = liveness
         self.node_cls = node_cls
         self.config = config or RaftConfig(heartbeat_interval=0.05, election_timeout_min=0.25,
@@ -534,8 +578,9 @@ class Sim:
         started = [h for h in self.hosts.values() if h.gen]
         kind = rng.choices(
             ["partition", "isolate_leader", "bridge", "heal", "lossy", "crash", "crash_all",
-             "transfer", "snapshot", "membership"],
-            [3, 2, 1, 3, 2, 3 * self.crash_rate, 0.7 * self.crash_rate, 1.5, 3, 1.2])[0]
+             "transfer", "snapshot", "membership", "corrupt"],
+            [3, 2, 1, 3, 2, 3 * self.crash_rate, 0.7 * self.crash_rate, 1.5, 3, 1.2,
+             0.8 * self.corrupt_rate])[0]
         net = self.net
         if kind == "partition":
             k = rng.randint(1, len(ids) // 2)
@@ -562,6 +607,8 @@ class Sim:
             if h.up:
                 h.crash()
                 self.at(self.now + rng.uniform(0.01, 1.0), self._restart, h)
+        elif kind == "corrupt":
+            self._corrupt(rng.choice(started))
         elif kind == "crash_all":
             for h in started:
                 h.crash()
@@ -581,7 +628,9 @@ class Sim:
                 h.snapshot()
         elif kind == "membership":
             h = self.leader_host()
-            if h is not None:
+            # (not while a node repairs before voting: a change could leave it in a
+            # group whose other voters are no majority, waiting for ever)
+            if h is not None and not self._repairing():
                 voters = h.node.voters
                 outside = [i for i in ids if i not in voters]
                 try:
@@ -596,6 +645,33 @@ class Sim:
                     pass
                 h.process()
         self.trace("fault %s cut=%d drop=%.2f" % (kind, len(net.cut), net.drop))
+
+    def _corrupt(self, h):
+        """Crash ``h`` and damage its files: log records, the snapshot or the term and
+        vote.  A minority at a time: only in a group of three voters or more, while no
+        other node is still repairing (damage to a majority can lose what only they held,
+        whatever the server does, and a node repairing before it votes cannot help
+        elect the leader it repairs from)."""
+        if not h.up or self._repairing() or any(
+                len(o.node.voters) < 3 for o in self.hosts.values() if o.up):
+            return
+        h.crash()
+        h.damaged = True
+        rng = self.rng
+        names = [n for n in (STATE_FILE, SNAPSHOT_FILE, h.storage._snap_file)
+                 if n and n in h.files.durable]
+        if rng.random() < 0.5 and names:
+            name = rng.choice(names)
+            h.files.damage(rng, name)
+            what = name
+        else:
+            what = h.log.damage(rng)
+        self.trace("corrupt %s: %s" % (h.id, what))
+        self.at(self.now + rng.uniform(0.01, 1.0), self._restart, h)
+
+    def _repairing(self):
+        return any(h.damaged or h.storage is not None and h.storage.repair
+                   for h in self.hosts.values())
 
     def _restart(self, h):
         if not h.up:
@@ -696,12 +772,15 @@ def main(argv=None):
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--duration", type=float, default=6.0)
     ap.add_argument("--sabotage", choices=sorted(SABOTAGE), default=None)
+    ap.add_argument("--corrupt-rate", type=float, default=1.0,
+                    help="weight of the fault that damages a node's files (1 = default)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     acked = 0
     cls = SABOTAGE[args.sabotage] if args.sabotage else RaftNode
     for seed in range(args.first, args.first + args.seeds):
-        r = Sim(seed, nodes=args.nodes, duration=args.duration, node_cls=cls).run()
+        r = Sim(seed, nodes=args.nodes, duration=args.duration, node_cls=cls,
+                corrupt_rate=args.corrupt_rate).run()
         acked += r["acked"]
     print("%d seeds, %d nodes: ok, %d acknowledged entries checked, %.1fs"
           % (args.seeds, args.nodes, acked, time.perf_counter() - t0))
@@ -735,8 +814,15 @@ class NoPreVoteLease(RaftNode):
         return False
 
 
+class VoteBeforeRepair(RaftNode):
+    """Takes no notice of damage found on start: votes and stands at once."""
+
+    def __init__(self, *args, repair=False, **kw):
+        super().__init__(*args, **kw)
+
+
 SABOTAGE = {"ack-before-persist": AckBeforePersist, "minority-commit": MinorityCommit,
-            "no-lease": NoPreVoteLease}
+            "no-lease": NoPreVoteLease, "vote-before-repair": VoteBeforeRepair}
 
 
 if __name__ == "__main__":
