@@ -452,6 +452,79 @@ def test_peer_remove_replaces_the_replica(cluster5):
     run(main())
 
 
+def test_peer_removals_count_a_replacement_only_once_it_holds_the_stream(cluster5):
+    """Two followers removed one after the other from an R3 stream whose log was
+    compacted: each replacement installs a snapshot (which only says how far the stream
+    goes) and fetches the messages from the leader.  Stream info shows a replacement
+    current only once its own store holds the stream (the documentation's peer-remove
+    flow), and the group counts it only then: with both originals gone, killing the
+    leader -- the last original -- loses nothing."""
+    n = 12_000
+    body = b"x" * 2048
+
+    async def main():
+        nc, js = await connect(cluster5)
+        await js.add_stream(name="P", subjects=["p"], num_replicas=3)
+        for chunk in range(0, n, 500):
+            acks = await asyncio.gather(*(js.publish("p", body) for _ in range(500)))
+            assert len({a.seq for a in acks}) == 500
+        si = await js.stream_info("P")
+        leader = si.cluster.leader
+        originals = [r.name for r in si.cluster.replicas]
+        want = _local_stream_state(cluster5, cluster5.index_of(leader), "P")
+        assert want["messages"] == n
+        seen_current = set()
+
+        async def check_current():
+            """Every replica stream info calls current holds what the leader holds."""
+            info = await js.stream_info("P")
+            for r in info.cluster.replicas:
+                if r.current and r.name not in originals:
+                    got = _local_stream_state(cluster5, cluster5.index_of(r.name), "P")
+                    assert got == want, (r.name, got, want)
+                    seen_current.add(r.name)
+            return info
+
+        async def replaced(victim):
+            info = await check_current()
+            names = [r.name for r in info.cluster.replicas]
+            return info.cluster.leader == leader and victim not in names and \
+                len(names) == 2 and info
+        for victim in originals:
+            resp = await nc.request("$JS.API.STREAM.PEER.REMOVE.P",
+                                    json.dumps({"peer": victim}).encode(), timeout=TIMEOUT)
+            assert json.loads(resp.data).get("success") is True, resp.data
+            await until(lambda: replaced(victim), timeout=30, step=0.02)
+
+        async def all_new_current():
+            info = await check_current()
+            return seen_current == {r.name for r in info.cluster.replicas} and info
+        si = await until(all_new_current, timeout=60, step=0.02)
+        newcomers = {r.name for r in si.cluster.replicas}
+        assert not newcomers & set(originals) and len(newcomers) == 2
+        await nc.close()
+        return leader, newcomers
+    leader, newcomers = run(main(), timeout=180)
+    cluster5.kill(cluster5.index_of(leader))
+
+    async def after():
+        nc, js = await connect(cluster5)
+        si = await until(lambda: _stream_info_led_by(js, "P", newcomers), timeout=30)
+        assert si.state.messages == n and si.state.last_seq == n
+        assert (await js.get_msg("P", 1)).data == body
+        assert (await js.publish("p", b"after")).seq == n + 1
+        await nc.close()
+    run(after())
+
+
+async def _stream_info_led_by(js, name: str, leaders):
+    try:
+        si = await js.stream_info(name)
+    except Exception:
+        return None
+    return si if si.cluster and si.cluster.leader in leaders else None
+
+
 @pytest.mark.parametrize("plain", ["natsjs", "reference"])
 def test_plain_server_in_the_cluster_serves_jetstream_clients(tmp_path, plain):
     """JetStream and plain servers mixed, as the documentation allows: three natsjs

@@ -265,6 +265,7 @@ class JetStreamCluster:
             self.js.subscribe(sys_acc, b"$JSC.INFO", self._on_info)
             self.js.subscribe(sys_acc, b"$JSC.JOIN.%s" % self.me.encode(), self._on_join)
             self.js.subscribe(sys_acc, b"$JSC.SINFO.*", self._on_stream_info_request)
+            self.js.subscribe(sys_acc, b"$JSC.GV.*", self._on_group_voters)
             from natsjs.jetstream.cluster_api import on_consumer_info_request
             self.js.subscribe(sys_acc, b"$JSC.CINFO.*",
                               lambda *a: on_consumer_info_request(self, *a))
@@ -788,6 +789,21 @@ class JetStreamCluster:
             return
         self.server.deliver(self.server.system_account, reply, None,
                             json.dumps(rep.stream.info(), separators=(",", ":")).encode())
+
+    def _on_group_voters(self, sub, subject, reply, hdr, msg) -> None:
+        """$JSC.GV.<group>: the group's leader answers with the voters of its latest
+        committed configuration (a member taken out of the group asks before it goes)."""
+        rep = self.replicas.get(subject[subject.rfind(b".") + 1:].decode())
+        if not reply or rep is None or rep.closed or not rep.raft.is_leader():
+            return
+        self.server.deliver(self.server.system_account, reply, None, json.dumps(
+            {"voters": list(rep.raft.node.committed_voters())}).encode())
+
+    async def group_voters(self, group: str, timeout: float = 1.0):
+        """The committed voters of ``group`` as its leader knows them (None without an
+        answer)."""
+        d = await self.request(b"$JSC.GV.%s" % group.encode(), {}, timeout)
+        return d.get("voters") if isinstance(d, dict) else None
 
     async def remote_stream_info(self, acc: str, name: str, timeout: float = 2.0):
         """Stream info from the stream's leader, wherever it is (None if it does not
