@@ -517,6 +517,70 @@ def test_peer_removals_count_a_replacement_only_once_it_holds_the_stream(cluster
     run(after())
 
 
+def test_a_removed_peer_serves_until_its_replacement_is_caught_up(cluster5):
+    """A follower is removed while the server placed to replace it is down (it went
+    down moments before, so the meta leader still counted it online): the group cannot
+    catch the replacement up, so the removed follower stays a voter -- however long
+    that takes -- and the stream survives losing the other follower meanwhile.  Once
+    the replacement is back and caught up, the removed follower leaves."""
+    async def main():
+        nc, js = await connect(cluster5)
+        await js.add_stream(name="P", subjects=["p"], num_replicas=3)
+        for i in range(100):
+            await js.publish("p", b"%d" % i)
+        si = await js.stream_info("P")
+        leader, removed, other = si.cluster.leader, *[r.name for r in si.cluster.replicas]
+        await nc.close()
+        # A client of a server that stays up (a publish in flight to a server as it is
+        # killed goes unanswered).
+        nc, js = await connect(cluster5, cluster5.index_of(leader))
+        spares = [i for i in range(5) if cluster5.name(i) not in (leader, removed, other)]
+        if cluster5.index_of(cluster5.wait_meta_leader()) in spares:
+            # The meta leader places the replacement: not on a server about to die.
+            snc = await sys_connect(cluster5)
+            resp = await snc.request("$JS.API.META.LEADER.STEPDOWN", json.dumps(
+                {"placement": {"preferred": leader}}).encode(), timeout=TIMEOUT)
+            assert json.loads(resp.data).get("success") is True, resp.data
+            await snc.close()
+            await until(_async(lambda: cluster5.wait_meta_leader() == leader))
+        for i in spares:
+            cluster5.kill(i)
+        resp = await nc.request("$JS.API.STREAM.PEER.REMOVE.P",
+                                json.dumps({"peer": removed}).encode(), timeout=TIMEOUT)
+        assert json.loads(resp.data).get("success") is True, resp.data
+        si = await js.stream_info("P")
+        assert removed not in {r.name for r in si.cluster.replicas}
+        # Longer than any grace a leaving replica could be given: it must still count.
+        seq = 100
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            seq += 1
+            assert (await js.publish("p", b"%d" % seq)).seq == seq
+            await asyncio.sleep(0.1)
+        cluster5.kill(cluster5.index_of(other))
+        seq += 1
+        assert (await js.publish("p", b"%d" % seq)).seq == seq
+        await nc.close()
+        return leader, removed, other, spares, seq
+    leader, removed, other, spares, seq = run(main())
+    for i in spares + [cluster5.index_of(other)]:
+        cluster5.restart(i)
+
+    async def after():
+        nc, js = await connect(cluster5, cluster5.index_of(leader))
+
+        async def done():
+            info = await js.stream_info("P")
+            names = {r.name for r in info.cluster.replicas}
+            return removed not in names and len(names) == 2 and \
+                all(r.current for r in info.cluster.replicas) and \
+                _local_stream_state(cluster5, cluster5.index_of(removed), "P") is None and info
+        si = await until(done, timeout=60)
+        assert si.state.messages == seq
+        await nc.close()
+    run(after())
+
+
 async def _stream_info_led_by(js, name: str, leaders):
     try:
         si = await js.stream_info(name)
