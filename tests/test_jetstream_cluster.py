@@ -548,8 +548,11 @@ def test_a_removed_peer_serves_until_its_replacement_is_caught_up(cluster5):
         resp = await nc.request("$JS.API.STREAM.PEER.REMOVE.P",
                                 json.dumps({"peer": removed}).encode(), timeout=TIMEOUT)
         assert json.loads(resp.data).get("success") is True, resp.data
-        si = await js.stream_info("P")
-        assert removed not in {r.name for r in si.cluster.replicas}
+
+        async def reassigned():
+            info = await js.stream_info("P")
+            return removed not in {r.name for r in info.cluster.replicas}
+        await until(reassigned, timeout=10)
         # Longer than any grace a leaving replica could be given: it must still count.
         seq = 100
         deadline = time.monotonic() + 15
@@ -579,6 +582,83 @@ def test_a_removed_peer_serves_until_its_replacement_is_caught_up(cluster5):
         assert si.state.messages == seq
         await nc.close()
     run(after())
+
+
+def test_removed_servers_come_back_as_new_members(cluster5):
+    """$JS.API.SERVER.REMOVE of a dead server: the meta group drops it and its stream
+    replica is placed elsewhere and caught up.  Restarted with its old state, it finds
+    the group no longer counts it and joins as a new member: its old replica leaves,
+    and it takes part in placement again.  A server removed while running stays out
+    until it is restarted."""
+    out = set()      # servers removed while running: no meta leader to report
+
+    def meta_info():
+        nodes = [i for i in cluster5.alive() if cluster5.name(i) not in out]
+        return cluster5.http(cluster5.index_of(cluster5.wait_meta_leader(nodes=nodes)),
+                             "/jsz")["meta_cluster"]
+
+    def members():
+        mc = meta_info()
+        return {mc["leader"]} | {r["name"] for r in mc.get("replicas") or []
+                                 if r.get("current")}
+
+    async def main():
+        nc, js = await connect(cluster5)
+        await js.add_stream(name="P", subjects=["p"], num_replicas=3)
+        for i in range(200):
+            await js.publish("p", b"%d" % i)
+        si = await js.stream_info("P")
+        meta_leader = cluster5.wait_meta_leader()
+        victim = [r.name for r in si.cluster.replicas if r.name != meta_leader][0]
+        cluster5.kill(cluster5.index_of(victim))
+        snc = await sys_connect(cluster5)
+        resp = await snc.request("$JS.API.SERVER.REMOVE",
+                                 json.dumps({"peer": victim}).encode(), timeout=TIMEOUT)
+        assert json.loads(resp.data).get("success") is True, resp.data
+
+        async def replaced():
+            info = await js.stream_info("P")
+            names = {r.name for r in info.cluster.replicas}
+            return victim not in names and len(names) == 2 and \
+                all(r.current for r in info.cluster.replicas) and info
+        assert (await until(replaced, timeout=30)).state.messages == 200
+        assert meta_info()["cluster_size"] == 4 and victim not in members()
+
+        cluster5.restart(cluster5.index_of(victim)).wait_for(
+            re.compile(rb"no longer counts this server"), timeout=30)
+        await until(_async(lambda: meta_info()["cluster_size"] == 5 and
+                           victim in members()), timeout=30)
+        await until(_async(lambda: _local_stream_state(
+            cluster5, cluster5.index_of(victim), "P") is None), timeout=30)
+
+        # Removed while running: it says so and stays out.
+        running = [cluster5.name(i) for i in range(5)
+                   if cluster5.name(i) not in (cluster5.wait_meta_leader(), victim)][0]
+        resp = await snc.request("$JS.API.SERVER.REMOVE",
+                                 json.dumps({"peer": running}).encode(), timeout=TIMEOUT)
+        assert json.loads(resp.data).get("success") is True, resp.data
+        cluster5.procs[cluster5.index_of(running)].wait_for(
+            re.compile(rb"this server was removed from the cluster"), timeout=20)
+        out.add(running)
+        deadline = time.monotonic() + 3 * 3.5
+        while time.monotonic() < deadline:
+            assert meta_info()["cluster_size"] == 4 and running not in members()
+            await asyncio.sleep(0.2)
+        cluster5.stop(cluster5.index_of(running))
+        out.discard(running)
+        cluster5.restart(cluster5.index_of(running))
+        await until(_async(lambda: meta_info()["cluster_size"] == 5 and
+                           running in members()), timeout=30)
+
+        # Both are placement candidates again: an R5 stream needs every server.
+        si = await js.add_stream(name="ALL", subjects=["all"], num_replicas=5)
+        assert {victim, running} <= {si.cluster.leader} | {r.name for r in si.cluster.replicas}
+        assert (await js.publish("all", b"x")).seq == 1
+        await until(_async(lambda: (_local_stream_state(
+            cluster5, cluster5.index_of(victim), "ALL") or {}).get("messages") == 1))
+        await snc.close()
+        await nc.close()
+    run(main(), timeout=240)
 
 
 async def _stream_info_led_by(js, name: str, leaders):
