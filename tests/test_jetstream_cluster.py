@@ -452,6 +452,223 @@ def test_peer_remove_replaces_the_replica(cluster5):
     run(main())
 
 
+def test_peer_removals_count_a_replacement_only_once_it_holds_the_stream(cluster5):
+    """Two followers removed one after the other from an R3 stream whose log was
+    compacted: each replacement installs a snapshot (which only says how far the stream
+    goes) and fetches the messages from the leader.  Stream info shows a replacement
+    current only once its own store holds the stream (the documentation's peer-remove
+    flow), and the group counts it only then: with both originals gone, killing the
+    leader -- the last original -- loses nothing."""
+    n = 12_000
+    body = b"x" * 2048
+
+    async def main():
+        nc, js = await connect(cluster5)
+        await js.add_stream(name="P", subjects=["p"], num_replicas=3)
+        for chunk in range(0, n, 500):
+            acks = await asyncio.gather(*(js.publish("p", body) for _ in range(500)))
+            assert len({a.seq for a in acks}) == 500
+        si = await js.stream_info("P")
+        leader = si.cluster.leader
+        originals = [r.name for r in si.cluster.replicas]
+        want = _local_stream_state(cluster5, cluster5.index_of(leader), "P")
+        assert want["messages"] == n
+        seen_current = set()
+
+        async def check_current():
+            """Every replica stream info calls current holds what the leader holds."""
+            info = await js.stream_info("P")
+            for r in info.cluster.replicas:
+                if r.current and r.name not in originals:
+                    got = _local_stream_state(cluster5, cluster5.index_of(r.name), "P")
+                    assert got == want, (r.name, got, want)
+                    seen_current.add(r.name)
+            return info
+
+        async def replaced(victim):
+            info = await check_current()
+            names = [r.name for r in info.cluster.replicas]
+            return info.cluster.leader == leader and victim not in names and \
+                len(names) == 2 and info
+        for victim in originals:
+            resp = await nc.request("$JS.API.STREAM.PEER.REMOVE.P",
+                                    json.dumps({"peer": victim}).encode(), timeout=TIMEOUT)
+            assert json.loads(resp.data).get("success") is True, resp.data
+            await until(lambda: replaced(victim), timeout=30, step=0.02)
+
+        async def all_new_current():
+            info = await check_current()
+            return seen_current == {r.name for r in info.cluster.replicas} and info
+        si = await until(all_new_current, timeout=60, step=0.02)
+        newcomers = {r.name for r in si.cluster.replicas}
+        assert not newcomers & set(originals) and len(newcomers) == 2
+        await nc.close()
+        return leader, newcomers
+    leader, newcomers = run(main(), timeout=180)
+    cluster5.kill(cluster5.index_of(leader))
+
+    async def after():
+        nc, js = await connect(cluster5)
+        si = await until(lambda: _stream_info_led_by(js, "P", newcomers), timeout=30)
+        assert si.state.messages == n and si.state.last_seq == n
+        assert (await js.get_msg("P", 1)).data == body
+        assert (await js.publish("p", b"after")).seq == n + 1
+        await nc.close()
+    run(after())
+
+
+def test_a_removed_peer_serves_until_its_replacement_is_caught_up(cluster5):
+    """A follower is removed while the server placed to replace it is down (it went
+    down moments before, so the meta leader still counted it online): the group cannot
+    catch the replacement up, so the removed follower stays a voter -- however long
+    that takes -- and the stream survives losing the other follower meanwhile.  Once
+    the replacement is back and caught up, the removed follower leaves."""
+    async def main():
+        nc, js = await connect(cluster5)
+        await js.add_stream(name="P", subjects=["p"], num_replicas=3)
+        for i in range(100):
+            await js.publish("p", b"%d" % i)
+        si = await js.stream_info("P")
+        leader, removed, other = si.cluster.leader, *[r.name for r in si.cluster.replicas]
+        await nc.close()
+        # A client of a server that stays up (a publish in flight to a server as it is
+        # killed goes unanswered).
+        nc, js = await connect(cluster5, cluster5.index_of(leader))
+        spares = [i for i in range(5) if cluster5.name(i) not in (leader, removed, other)]
+        if cluster5.index_of(cluster5.wait_meta_leader()) in spares:
+            # The meta leader places the replacement: not on a server about to die.
+            snc = await sys_connect(cluster5)
+            resp = await snc.request("$JS.API.META.LEADER.STEPDOWN", json.dumps(
+                {"placement": {"preferred": leader}}).encode(), timeout=TIMEOUT)
+            assert json.loads(resp.data).get("success") is True, resp.data
+            await snc.close()
+            await until(_async(lambda: cluster5.wait_meta_leader() == leader))
+        for i in spares:
+            cluster5.kill(i)
+        resp = await nc.request("$JS.API.STREAM.PEER.REMOVE.P",
+                                json.dumps({"peer": removed}).encode(), timeout=TIMEOUT)
+        assert json.loads(resp.data).get("success") is True, resp.data
+
+        async def reassigned():
+            info = await js.stream_info("P")
+            return removed not in {r.name for r in info.cluster.replicas}
+        await until(reassigned, timeout=10)
+        # Longer than any grace a leaving replica could be given: it must still count.
+        seq = 100
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            seq += 1
+            assert (await js.publish("p", b"%d" % seq)).seq == seq
+            await asyncio.sleep(0.1)
+        cluster5.kill(cluster5.index_of(other))
+        seq += 1
+        assert (await js.publish("p", b"%d" % seq)).seq == seq
+        await nc.close()
+        return leader, removed, other, spares, seq
+    leader, removed, other, spares, seq = run(main())
+    for i in spares + [cluster5.index_of(other)]:
+        cluster5.restart(i)
+
+    async def after():
+        nc, js = await connect(cluster5, cluster5.index_of(leader))
+
+        async def done():
+            info = await js.stream_info("P")
+            names = {r.name for r in info.cluster.replicas}
+            return removed not in names and len(names) == 2 and \
+                all(r.current for r in info.cluster.replicas) and \
+                _local_stream_state(cluster5, cluster5.index_of(removed), "P") is None and info
+        si = await until(done, timeout=60)
+        assert si.state.messages == seq
+        await nc.close()
+    run(after())
+
+
+def test_removed_servers_come_back_as_new_members(cluster5):
+    """$JS.API.SERVER.REMOVE of a dead server: the meta group drops it and its stream
+    replica is placed elsewhere and caught up.  Restarted with its old state, it finds
+    the group no longer counts it and joins as a new member: its old replica leaves,
+    and it takes part in placement again.  A server removed while running stays out
+    until it is restarted."""
+    out = set()      # servers removed while running: no meta leader to report
+
+    def meta_info():
+        nodes = [i for i in cluster5.alive() if cluster5.name(i) not in out]
+        return cluster5.http(cluster5.index_of(cluster5.wait_meta_leader(nodes=nodes)),
+                             "/jsz")["meta_cluster"]
+
+    def members():
+        mc = meta_info()
+        return {mc["leader"]} | {r["name"] for r in mc.get("replicas") or []
+                                 if r.get("current")}
+
+    async def main():
+        nc, js = await connect(cluster5)
+        await js.add_stream(name="P", subjects=["p"], num_replicas=3)
+        for i in range(200):
+            await js.publish("p", b"%d" % i)
+        si = await js.stream_info("P")
+        meta_leader = cluster5.wait_meta_leader()
+        victim = [r.name for r in si.cluster.replicas if r.name != meta_leader][0]
+        cluster5.kill(cluster5.index_of(victim))
+        snc = await sys_connect(cluster5)
+        resp = await snc.request("$JS.API.SERVER.REMOVE",
+                                 json.dumps({"peer": victim}).encode(), timeout=TIMEOUT)
+        assert json.loads(resp.data).get("success") is True, resp.data
+
+        async def replaced():
+            info = await js.stream_info("P")
+            names = {r.name for r in info.cluster.replicas}
+            return victim not in names and len(names) == 2 and \
+                all(r.current for r in info.cluster.replicas) and info
+        assert (await until(replaced, timeout=30)).state.messages == 200
+        assert meta_info()["cluster_size"] == 4 and victim not in members()
+
+        cluster5.restart(cluster5.index_of(victim)).wait_for(
+            re.compile(rb"no longer counts this server"), timeout=30)
+        await until(_async(lambda: meta_info()["cluster_size"] == 5 and
+                           victim in members()), timeout=30)
+        await until(_async(lambda: _local_stream_state(
+            cluster5, cluster5.index_of(victim), "P") is None), timeout=30)
+
+        # Removed while running: it says so and stays out.
+        running = [cluster5.name(i) for i in range(5)
+                   if cluster5.name(i) not in (cluster5.wait_meta_leader(), victim)][0]
+        resp = await snc.request("$JS.API.SERVER.REMOVE",
+                                 json.dumps({"peer": running}).encode(), timeout=TIMEOUT)
+        assert json.loads(resp.data).get("success") is True, resp.data
+        cluster5.procs[cluster5.index_of(running)].wait_for(
+            re.compile(rb"this server was removed from the cluster"), timeout=20)
+        out.add(running)
+        deadline = time.monotonic() + 3 * 3.5
+        while time.monotonic() < deadline:
+            assert meta_info()["cluster_size"] == 4 and running not in members()
+            await asyncio.sleep(0.2)
+        cluster5.stop(cluster5.index_of(running))
+        out.discard(running)
+        cluster5.restart(cluster5.index_of(running))
+        await until(_async(lambda: meta_info()["cluster_size"] == 5 and
+                           running in members()), timeout=30)
+
+        # Both are placement candidates again: an R5 stream needs every server.
+        si = await js.add_stream(name="ALL", subjects=["all"], num_replicas=5)
+        assert {victim, running} <= {si.cluster.leader} | {r.name for r in si.cluster.replicas}
+        assert (await js.publish("all", b"x")).seq == 1
+        await until(_async(lambda: (_local_stream_state(
+            cluster5, cluster5.index_of(victim), "ALL") or {}).get("messages") == 1))
+        await snc.close()
+        await nc.close()
+    run(main(), timeout=240)
+
+
+async def _stream_info_led_by(js, name: str, leaders):
+    try:
+        si = await js.stream_info(name)
+    except Exception:
+        return None
+    return si if si.cluster and si.cluster.leader in leaders else None
+
+
 @pytest.mark.parametrize("plain", ["natsjs", "reference"])
 def test_plain_server_in_the_cluster_serves_jetstream_clients(tmp_path, plain):
     """JetStream and plain servers mixed, as the documentation allows: three natsjs

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from natsjs._core.raftlog import MSG_SNAPSHOT, decode_message
+from natsjs._core.raftlog import MSG_SNAPSHOT, MSG_VOTE, decode_message
 from natsjs.jetstream.raft import (
     CANDIDATE,
     FOLLOWER,
@@ -322,6 +322,69 @@ def test_a_new_peer_catches_up_as_a_learner_before_it_votes():
     after = propose(sim, 1, "after")
     assert sim.run_for(1.0, until=all_applied(sim, after, ["n0", "n1"]))
     assert sim.hosts["n1"].app == sim.hosts["n0"].app
+
+
+def test_a_new_peer_restoring_a_snapshot_is_counted_only_once_restored():
+    # A stream replica's snapshot says how far the stream goes; the messages come from
+    # the leader afterwards.  Until the application has them, the newcomer acknowledges
+    # nothing, applies nothing, is not reported current and is not made a voter.
+    sim = make(nodes=1, spares=1, seed=25)
+    lead = node(sim, "n0")
+    index = propose(sim, 300, "history-")
+    assert sim.run_for(1.0, until=lambda: lead.applied >= index)
+    lead.compact(index, encode_state(sim.hosts["n0"].app))
+    newcomer = sim.hosts["n1"]
+    newcomer.hold_restore = True
+    lead.add_peer("n1")
+    newcomer.start()
+    sim.hosts["n0"].process()
+    assert sim.run_for(2.0, until=lambda: newcomer.restoring and node(sim, "n1").restoring)
+    during = propose(sim, 5, "during")
+    assert sim.run_for(1.0, until=lambda: lead.applied >= during)
+    sim.run_for(1.0)
+    assert lead.voters == ("n0",) and lead.learners() == ["n1"]
+    info = {p["name"]: p for p in lead.peer_info()}["n1"]
+    assert not info["current"] and not info["offline"] and info["lag"] >= during - 1
+    n1 = node(sim, "n1")
+    assert n1.applied == index and not n1.promotable()
+    newcomer.finish_restore()
+    assert sim.run_for(3.0, until=lambda: lead.voters == ("n0", "n1") and
+                       node(sim, "n1").applied >= during)
+    assert sim.run_for(1.0, until=lambda: lead.peer_info()[0]["current"])
+    assert newcomer.app == sim.hosts["n0"].app
+
+
+def test_a_voter_restoring_a_snapshot_does_not_stand_for_election():
+    sim = make(seed=27)
+    lead = leader(sim)
+    lagger, other = followers(sim)
+    sim.net.isolate([{lagger}, set(sim.hosts) - {lagger}])
+    index = propose(sim, 30)
+    assert sim.run_for(2.0, until=lambda: node(sim, lead).applied >= index)
+    node(sim, lead).compact(index, encode_state(sim.hosts[lead].app))
+    sim.hosts[lead].process()
+    sim.hosts[lagger].hold_restore = True
+    sim.net.heal()
+    assert sim.run_for(2.0, until=lambda: node(sim, lagger).restoring)
+    # Its log is as long as anyone's: it could win.  It must not even ask.
+    campaigns = []
+    orig = sim.net.send
+
+    def spy(src, dst, data):
+        if src == lagger and decode_message(data).type == MSG_VOTE:
+            campaigns.append(dst)
+        orig(src, dst, data)
+    sim.net.send = spy
+    sim.hosts[lead].crash()
+    sim.hosts[other].crash()
+    sim.run_for(5 * sim.config.election_timeout_max)
+    assert campaigns == [] and node(sim, lagger).role == FOLLOWER
+    sim.hosts[other].start()
+    assert sim.run_for(3.0, until=lambda: leader(sim) == other)
+    sim.hosts[lagger].finish_restore()
+    more = propose(sim, 3, "after")
+    assert sim.run_for(2.0, until=all_applied(sim, more, [other, lagger]))
+    assert sim.hosts[lagger].app == sim.hosts[other].app
 
 
 def test_all_nodes_crash_and_acknowledged_entries_survive():

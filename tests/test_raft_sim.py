@@ -4,7 +4,8 @@ checker catches broken nodes.
 Every seed runs 6 simulated seconds of proposals under partitions (majority/minority,
 isolated leader, bridge), loss, duplication, reordering, crashes that lose unsynced
 writes (one node, or all at once), leader transfers, snapshots and membership changes,
-then heals and demands progress.  More seeds for a soak run:
+then heals and demands progress; some seeds restore received snapshots slowly, as
+stream replicas do (they fetch the messages a snapshot only counts).  More seeds for a soak run:
 
     NATSJS_RAFT_SEEDS=5000 pytest tests/test_raft_sim.py      # per node count
     python -m natsjs.testing.raftsim --seeds 5000 --nodes 5
@@ -15,8 +16,8 @@ import os
 
 import pytest
 
-from natsjs.testing.raftsim import (AckBeforePersist, MinorityCommit, Sim, Violation,
-                                    VoteBeforeRepair)
+from natsjs.testing.raftsim import (AckBeforePersist, CountedWhileRestoring, MinorityCommit,
+                                    Sim, Violation, VoteBeforeRepair)
 
 SEEDS = int(os.environ.get("NATSJS_RAFT_SEEDS", "0"))
 CHUNK = 25
@@ -41,11 +42,19 @@ def test_five_nodes_random_faults(first, count):
         Sim(seed, nodes=5).run()
 
 
-def _detected(node_cls, seeds):
+@pytest.mark.parametrize("first,count", _chunks(100))
+def test_snapshots_restored_slowly(first, count):
+    # Stream replicas restore a snapshot by fetching the messages it describes: the
+    # member is not counted meanwhile (RaftNode.set_restoring).
+    for seed in range(20000 + first, 20000 + first + count):
+        Sim(seed, nodes=3 + seed % 2 * 2, slow_restore=(0.05, 0.6)).run()
+
+
+def _detected(node_cls, seeds, **kw):
     caught = []
     for seed in seeds:
         try:
-            Sim(seed, node_cls=node_cls, fsync=(0.002, 0.03)).run()
+            Sim(seed, node_cls=node_cls, fsync=(0.002, 0.03), **kw).run()
         except Violation as exc:
             caught.append(str(exc).splitlines()[0])
     return caught
@@ -59,6 +68,11 @@ def test_checker_catches_acks_sent_before_fsync():
 def test_checker_catches_a_minority_commit():
     caught = _detected(MinorityCommit, range(30))
     assert caught, "a leader committing on its own went unnoticed"
+
+
+def test_checker_catches_a_member_counted_while_restoring():
+    caught = _detected(CountedWhileRestoring, range(60), slow_restore=(0.05, 0.6))
+    assert caught, "a member counted before it restored its snapshot went unnoticed"
 
 
 def test_a_seed_replays_exactly():

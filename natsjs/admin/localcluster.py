@@ -318,7 +318,11 @@ async def up(rt) -> int:
             raise CLIError("a cluster is already running from %s; 'natsjs cluster down "
                            "--data %s' first" % (data, data))
     ports = plan_ports(a.size, a.port)
-    password = a.sys_password or secrets.token_urlsafe(12)
+    password = a.sys_password
+    while not a.sys_password and (not password or password.startswith("-")):
+        # (a generated one never starts with '-', which reads as an option after
+        # --password)
+        password = secrets.token_urlsafe(12)
     pw_hash = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=11)).decode()
     confs = write_configs(data, a.size, ports, a.jetstream, pw_hash)
     binary = a.server_binary

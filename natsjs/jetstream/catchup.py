@@ -81,35 +81,58 @@ def serve(rep, sub, subject, reply, hdr, msg) -> None:
     server.deliver(server.system_account, reply, None, body)
 
 
-async def fetch(rep, first: int, last: int) -> None:
-    """The lagging replica's side: ask the leader until ``last`` is in the store."""
+async def fetch(rep) -> None:
+    """The lagging replica's side: ask the leader until the store reaches
+    ``rep.catch_up_to`` (which a newer snapshot may raise meanwhile), make it durable,
+    then ``rep.caught_up()``: only from then on does the group count this replica."""
     cluster = rep.cluster
     store = rep.stream.store
-    rep.catching_up = True
-    try:
-        seq = first
-        while seq <= last and not rep.closed:
-            leader = rep.raft.leader
-            if leader is None or leader == cluster.me:
-                await trio.sleep(0.2)
-                continue
-            resp = await cluster.request_raw(b"$JSC.CU.%s" % rep.group.encode(),
-                                             {"first": seq, "last": last}, 2.0)
-            if resp is None or len(resp) < 8:
-                await trio.sleep(0.2)
-                continue
-            (nxt,) = struct.unpack_from("<Q", resp, 0)
-            for s, subject, hdr, msg, ts in decode_chunk(resp[8:]):
-                if s > store.last_seq:
-                    store.append(subject, hdr, msg, ts, s)
-            if nxt <= seq:
-                break
-            seq = nxt
-        if store.last_seq < last:
-            # What the leader no longer has was deleted meanwhile: the sequence goes on.
+    seq = store.last_seq + 1
+    while not rep.closed:
+        last = rep.catch_up_to
+        if last is None:
+            return
+        if store.last_seq >= last:
+            break
+        seq = max(seq, store.last_seq + 1)
+        if rep.raft.node.voters == (cluster.me,):
+            # No one else ever held it (a single replica whose store lost what its
+            # snapshot counts): the sequence goes on without it.
+            rep.server.log.error("JetStream cluster: stream '%s > %s' lost messages %d-%d "
+                                 "and has no other replica to fetch them from",
+                                 rep.acc_name, rep.name, store.last_seq + 1, last)
             store.skip(0, last - store.last_seq)
-        rep.server.log.info("JetStream cluster: stream '%s > %s' caught up to %d",
-                            rep.acc_name, rep.name, store.last_seq)
-    finally:
-        rep.catching_up = False
-        rep.resume_after_catch_up()
+            break
+        leader = rep.raft.leader
+        if leader is None or leader == cluster.me:
+            await trio.sleep(0.2)
+            continue
+        resp = await cluster.request_raw(b"$JSC.CU.%s" % rep.group.encode(),
+                                         {"first": seq, "last": last}, 2.0)
+        if rep.closed:
+            return
+        if resp is None or len(resp) < 8:
+            await trio.sleep(0.2)
+            continue
+        (nxt,) = struct.unpack_from("<Q", resp, 0)
+        for s, subject, hdr, msg, ts in decode_chunk(resp[8:]):
+            if s > store.last_seq and s <= last:
+                store.append(subject, hdr, msg, ts, s)
+        if nxt <= seq or nxt > last:
+            if store.last_seq < last:
+                # What the leader no longer has was deleted meanwhile: the sequence
+                # goes on.
+                store.skip(0, last - store.last_seq)
+        else:
+            seq = nxt
+    if rep.closed:
+        return
+    if rep.stream.is_file:
+        s = store.begin_sync()
+        await rep.js.fsync(s)
+        store.mark_synced(s)
+    if rep.closed:
+        return
+    rep.server.log.info("JetStream cluster: stream '%s > %s' caught up to %d",
+                        rep.acc_name, rep.name, store.last_seq)
+    rep.caught_up()

@@ -35,6 +35,7 @@ import trio
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, rfc3339_nano
 from natsjs.jetstream.placement import Candidate, PlacementError, select_peers
+from natsjs.jetstream.raft import ConfigChangeInProgress
 from natsjs.jetstream.raft import NotLeader as NotLeaderError
 from natsjs.jetstream.raft import RaftConfig
 from natsjs.jetstream.raft_driver import DirFiles, RaftService, RaftStorage, StateMachine
@@ -124,7 +125,8 @@ class GroupTransport:
 class NodeInfo:
     """What a server last said of itself on $JSC.INFO."""
 
-    __slots__ = ("peer", "name", "cluster", "tags", "js", "known", "meta", "seen", "natsjs")
+    __slots__ = ("peer", "name", "cluster", "tags", "js", "known", "meta", "seen", "natsjs",
+                 "incarnation")
 
     def __init__(self, peer: str):
         self.peer = peer
@@ -136,6 +138,7 @@ class NodeInfo:
         self.meta: dict = {}
         self.seen = 0.0
         self.natsjs = True
+        self.incarnation = ""
 
     def online(self, now: float) -> bool:
         return now - self.seen < OFFLINE_AFTER
@@ -209,6 +212,15 @@ class MetaState(StateMachine):
             return True
         if kind == "peer_remove":
             self.removed.add(op["peer"])
+            if op["peer"] == self.cluster.me and \
+                    op.get("incarnation") == self.cluster.incarnation:
+                self.cluster.removed_here()      # this very process, not a replay
+            return True
+        if kind == "peer_add":
+            # A removed server came back and asked to join: a new member.
+            self.removed.discard(op["peer"])
+            if op["peer"] == self.cluster.me:
+                self.cluster.removed_live = False
             return True
         return False
 
@@ -216,6 +228,13 @@ class MetaState(StateMachine):
         return json.dumps({"streams": self.streams, "consumers": self.consumers,
                            "removed": sorted(self.removed)},
                           separators=(",", ":")).encode()
+
+    def forget(self) -> None:
+        """No assignments known (a new member until the leader's state reaches it)."""
+        self.streams = {}
+        self.consumers = {}
+        self.removed = set()
+        self.applied_since_snapshot = 0
 
     def restore(self, storage: RaftStorage, index: int, term: int) -> None:
         try:
@@ -248,6 +267,11 @@ class JetStreamCluster:
         self.replicas: dict[str, object] = {}      # group name -> replica (stream/consumer)
         self._nursery: trio.Nursery | None = None
         self._meta_scope = trio.CancelScope()
+        self.removed_live = False       # removed from the cluster while running
+        self.incarnation = "%016x" % random.getrandbits(64)   # this process (INFO)
+        self._readding: set = set()
+        self._finishing = False
+        self._finish_again = False
         self._bootstrapped = trio.Event()
         self._leader_event = trio.Event()
         self.meta_dir = os.path.join(js.store_dir, self.server.system_account.name, "_js_",
@@ -265,6 +289,7 @@ class JetStreamCluster:
             self.js.subscribe(sys_acc, b"$JSC.INFO", self._on_info)
             self.js.subscribe(sys_acc, b"$JSC.JOIN.%s" % self.me.encode(), self._on_join)
             self.js.subscribe(sys_acc, b"$JSC.SINFO.*", self._on_stream_info_request)
+            self.js.subscribe(sys_acc, b"$JSC.GV.*", self._on_group_voters)
             from natsjs.jetstream.cluster_api import on_consumer_info_request
             self.js.subscribe(sys_acc, b"$JSC.CINFO.*",
                               lambda *a: on_consumer_info_request(self, *a))
@@ -274,6 +299,7 @@ class JetStreamCluster:
             self.js.subscribe(sys_acc, b"$JS.API.SERVER.REMOVE", self._on_server_remove)
             nursery.start_soon(self._info_loop)
             nursery.start_soon(self._meta_loop)
+            nursery.start_soon(self._membership_watch)
             task_status.started()
 
     def stop(self) -> None:
@@ -294,7 +320,7 @@ class JetStreamCluster:
             meta = {"leader": self.meta.leader, "term": self.meta.term,
                     "peers": sorted(self._meta_voters())}
         return {"peer": self.me, "name": self.server.name, "cluster": self.name,
-                "tags": self.tags, "natsjs": True,
+                "tags": self.tags, "natsjs": True, "incarnation": self.incarnation,
                 "js": {"max_memory": js.max_memory, "max_store": js.max_store,
                        "memory": mem, "store": store},
                 "known": sorted(self.js_peers()),
@@ -324,6 +350,7 @@ class JetStreamCluster:
         n.js = d.get("js") or {}
         n.known = d.get("known") or []
         n.meta = d.get("meta") or {}
+        n.incarnation = d.get("incarnation") or ""
         n.seen = trio.current_time()
         self.nodes[peer] = n
         if first and peer != self.me:
@@ -408,7 +435,63 @@ class JetStreamCluster:
         peers = None
         if not state or not state.get("peers"):
             peers = await self._bootstrap()
-        await self._start_meta(files, peers)
+        while True:
+            self._meta_scope = trio.CancelScope()
+            with self._meta_scope:
+                await self._start_meta(files, peers)
+            # The meta group no longer counts this server (it was removed while down):
+            # start over as a new member with no meta state and ask to be added.
+            meta, self.meta = self.meta, None
+            self.transport.detach(META)
+            meta.stop()
+            try:
+                meta.storage.close()
+            except Exception:
+                pass
+            import shutil
+            shutil.rmtree(self.meta_dir, ignore_errors=True)
+            files = DirFiles(self.meta_dir)
+            self.state.forget()
+            peers = []
+
+    def removed_here(self) -> None:
+        """This server's removal from the cluster was applied while it runs (the
+        operator said it will not return): it stays out until restarted."""
+        if not self.removed_live:
+            self.removed_live = True
+            self.server.log.error("JetStream cluster: this server was removed from the "
+                                  "cluster; restart it to join again as a new member")
+
+    async def _membership_watch(self) -> None:
+        """A server that was removed from the meta group while it was down comes back
+        believing it is a member, and no leader talks to it.  When it hears no leader
+        but the others name one, it asks that leader; left out of the committed voters,
+        it drops its meta state and joins as a new member (its old stream replicas
+        leave their groups once the assignments reach it)."""
+        quiet_since = None
+        while True:
+            await trio.sleep(INFO_INTERVAL)
+            meta = self.meta
+            if meta is None or self.removed_live or meta.leader is not None or \
+                    self.me not in meta.node.voters:
+                quiet_since = None
+                continue
+            now = trio.current_time()
+            quiet_since = quiet_since or now
+            if now - quiet_since < OFFLINE_AFTER:
+                continue
+            if not any(n.meta.get("leader") not in (None, self.me) and n.online(now)
+                       for n in self.nodes.values()):
+                continue
+            voters = await self.group_voters(META)
+            if voters is None or self.me in voters or self.meta is not meta or \
+                    meta.leader is not None:
+                continue
+            self.server.log.warn("JetStream cluster: the meta group no longer counts this "
+                                 "server (removed while it was away): joining it again as "
+                                 "a new member")
+            quiet_since = None
+            self._meta_scope.cancel()
 
     async def _bootstrap(self) -> list[str]:
         """Form the meta group the first time: wait until the JetStream servers this one
@@ -485,7 +568,13 @@ class JetStreamCluster:
             peer = json.loads(msg)["peer"]
         except (ValueError, KeyError, TypeError):
             return
-        if peer in self._meta_voters() or peer in self.state.removed:
+        if peer in self._meta_voters():
+            return
+        if peer in self.state.removed:
+            # A removed server restarted and asks in: it comes back as a new member.
+            if peer not in self._readding:
+                self._readding.add(peer)
+                self._nursery.start_soon(self._readd, peer)
             return
         try:
             self.meta.add_peer(peer)
@@ -503,6 +592,16 @@ class JetStreamCluster:
                                   "; repairing from the leader before voting"
                                   if storage.repair else "")
 
+    async def _readd(self, peer: str) -> None:
+        try:
+            await self.propose_meta({"op": "peer_add", "peer": peer})
+            self.server.log.info("JetStream cluster: %s, removed earlier, is back",
+                                 self.node_name(peer))
+        except (trio.TooSlowError, NotLeaderError, trio.ClosedResourceError):
+            pass
+        finally:
+            self._readding.discard(peer)
+
     def meta_leader_changed(self, leader, term: int) -> None:
         if leader is not None:
             self.server.log.info("JetStream cluster new metadata leader: %s/%s",
@@ -513,8 +612,11 @@ class JetStreamCluster:
             self._nursery.start_soon(self._after_election)
 
     async def _after_election(self) -> None:
-        """A new meta leader re-places what lost peers to servers removed meanwhile."""
-        await trio.sleep(0)
+        """A new meta leader finishes what removals its predecessor left half done."""
+        with trio.move_on_after(30):
+            await self.meta.wait_applied(self.meta.node.last_index)
+        if self.meta is not None and self.meta.is_leader() and self.state.removed:
+            await self._finish_removals()
 
     # ---- system account requests ----------------------------------------------------------
 
@@ -572,17 +674,48 @@ class JetStreamCluster:
         rtype = "meta_server_remove_response"
         if peer is None or peer not in self._meta_voters():
             return self._sys_reply(reply, rtype, ApiError.of("JSClusterServerNotMemberErr"))
+        n = self.nodes.get(peer)
         try:
-            await self.propose_meta({"op": "peer_remove", "peer": peer})
-            try:
-                self.meta.remove_peer(peer)
-            except Exception as exc:
-                self.server.log.warn("JetStream cluster: removing %s from the meta group: %r",
-                                     self.node_name(peer), exc)
-            await self.replace_peer(peer)
-        except (trio.TooSlowError, NotLeaderError) as exc:
+            await self.propose_meta({"op": "peer_remove", "peer": peer,
+                                     "incarnation": n.incarnation if n is not None else ""})
+        except (trio.TooSlowError, NotLeaderError):
             return self._sys_reply(reply, rtype, ApiError.of("JSClusterNotAvailErr"))
         self._sys_reply(reply, rtype)
+        await self._finish_removals()
+
+    async def _finish_removals(self) -> None:
+        """On the meta leader: every removed server leaves the meta group's voters (one
+        configuration change at a time) and every stream or consumer it held is placed
+        elsewhere.  Run after a removal and by each new leader (the last one may have
+        died half way)."""
+        if self._finishing:
+            self._finish_again = True
+            return
+        self._finishing = True
+        try:
+            while True:
+                self._finish_again = False
+                meta = self.meta
+                for peer in sorted(self.state.removed):
+                    with trio.move_on_after(10):
+                        while meta is self.meta and meta.is_leader() and \
+                                peer in meta.node.voters and peer in self.state.removed:
+                            try:
+                                if not meta.node.changing_membership():
+                                    meta.remove_peer(peer)
+                            except (ConfigChangeInProgress, NotLeaderError, ValueError):
+                                pass
+                            await trio.sleep(0.05)
+                    if not (meta is self.meta and meta.is_leader()):
+                        return
+                    if peer in self.state.removed:
+                        await self.replace_peer(peer)
+                if not self._finish_again:
+                    return
+        except (trio.TooSlowError, NotLeaderError, trio.ClosedResourceError) as exc:
+            self.server.log.warn("JetStream cluster: finishing server removals: %r", exc)
+        finally:
+            self._finishing = False
 
     async def replace_peer(self, peer: str) -> None:
         """Every stream (and its consumers) that had ``peer`` gets another one, placed by
@@ -801,6 +934,26 @@ class JetStreamCluster:
             return
         self.server.deliver(self.server.system_account, reply, None,
                             json.dumps(rep.stream.info(), separators=(",", ":")).encode())
+
+    def _on_group_voters(self, sub, subject, reply, hdr, msg) -> None:
+        """$JSC.GV.<group>: the group's leader answers with the voters of its latest
+        committed configuration (a member taken out of the group asks before it goes)."""
+        group = subject[subject.rfind(b".") + 1:].decode()
+        if group == META:
+            svc = self.meta
+        else:
+            rep = self.replicas.get(group)
+            svc = rep.raft if rep is not None and not rep.closed else None
+        if not reply or svc is None or not svc.is_leader():
+            return
+        self.server.deliver(self.server.system_account, reply, None, json.dumps(
+            {"voters": list(svc.node.committed_voters())}).encode())
+
+    async def group_voters(self, group: str, timeout: float = 1.0):
+        """The committed voters of ``group`` as its leader knows them (None without an
+        answer)."""
+        d = await self.request(b"$JSC.GV.%s" % group.encode(), {}, timeout)
+        return d.get("voters") if isinstance(d, dict) else None
 
     async def remote_stream_info(self, acc: str, name: str, timeout: float = 2.0):
         """Stream info from the stream's leader, wherever it is (None if it does not

@@ -36,9 +36,9 @@ Durability rules:
   matching that leader, an entry of the leader's term: it then has every entry committed
   before that term, and it takes that leader as its vote for the term.  Until then it
   only follows and acknowledges what it really holds, like any follower.  The flag is
-  part of the hard state, so a crash during the repair does not end it.  ``standby``
-  is the application's own hold: its state machine is being repaired (a stream replica
-  fetching messages it lost), so it must not lead, though its log is sound and it votes.
+  part of the hard state, so a crash during the repair does not end it.
+* a member whose state machine is still fetching what a snapshot describes
+  (``set_restoring``) neither acknowledges nor applies nor stands for election.
 
 Message fields by type (``natsjs/_core/raftlog.pyx`` has the byte layout)::
 
@@ -227,7 +227,6 @@ class RaftNode:
         self.term = term
         self.vote = vote
         self.repairing = repair              # repair before voting (module docstring)
-        self.standby = False                 # the application asks us not to lead
         self.role = FOLLOWER
         self.leader_id: str | None = None
         self.snap = snapshot or SnapshotMeta(0, 0, tuple(peers), 0)
@@ -262,6 +261,7 @@ class RaftNode:
         self._transfer_to: str | None = None
         self._transfer_deadline = 0.0
         self._learners: set[str] = set()     # peers being caught up before they vote
+        self.restoring = False               # the state machine lacks its snapshot's state
         self._handlers = {MSG_APPEND: self._on_append, MSG_APPEND_RESP: self._on_append_resp,
                           MSG_VOTE: self._on_vote, MSG_VOTE_RESP: self._on_vote_resp,
                           MSG_SNAPSHOT: self._on_snapshot,
@@ -305,12 +305,16 @@ class RaftNode:
         return self.role == LEADER and self.applied >= self._leader_first > 0
 
     def promotable(self) -> bool:
-        return self.id in self.voters
+        return self.may_stand()
+
+    def committed_voters(self) -> tuple:
+        """The voters of the latest committed configuration this node knows."""
+        return self._config_at(self.commit)
 
     def may_stand(self) -> bool:
-        """A voter that may campaign: not repairing its log and not held by the
-        application."""
-        return self.id in self.voters and not self.repairing and not self.standby
+        """A voter that may campaign: not repairing its log and not restoring a
+        snapshot's state."""
+        return self.id in self.voters and not self.repairing and not self.restoring
 
     def quorum(self) -> int:
         return len(self.voters) // 2 + 1
@@ -435,6 +439,16 @@ class RaftNode:
         self._learners.add(peer)
         self._progress[peer] = Progress(self.last_index + 1, self.now)
 
+    def learners(self) -> list:
+        """Peers being caught up before they vote (leader only)."""
+        return sorted(self._learners)
+
+    def cancel_learner(self, peer: str) -> None:
+        """Stop adding ``peer`` (it was never counted): the next change may start."""
+        if peer in self._learners:
+            self._learners.discard(peer)
+            self._progress.pop(peer, None)
+
     def remove_peer(self, peer: str) -> int:
         """Append the configuration entry without ``peer``; returns its index."""
         if peer not in self.voters:
@@ -444,6 +458,19 @@ class RaftNode:
         self._check_config_change()
         return self._append_new(ENTRY_CONFIG, [encode_peers(
             tuple(p for p in self.voters if p != peer))])
+
+    def set_restoring(self, restoring: bool) -> None:
+        """Whether the state machine still lacks the state of the snapshot it restored
+        (a stream replica's snapshot says how far the stream goes; the messages come from
+        the leader afterwards).  Meanwhile the node acknowledges nothing, applies nothing
+        past the snapshot and does not stand for election: the group must not count on
+        -- or be led by -- a member that does not hold what it committed.  A new peer
+        is then made a voter only once it has caught up."""
+        if restoring == self.restoring:
+            return
+        self.restoring = restoring
+        if not restoring and self.role == FOLLOWER and self.leader_id is not None:
+            self._ack_leader(True)
 
     def compact(self, index: int, data: bytes) -> None:
         """The application's state up to ``index`` (applied) is ``data``: keep it as the
@@ -793,7 +820,10 @@ class RaftNode:
         self._reset_election_timer()
 
     def _ack_index(self) -> int:
-        """What this follower may tell the leader it has: durable and verified."""
+        """What this follower may tell the leader it has: durable and verified (nothing
+        while its state machine is restoring: the answer only says it is alive)."""
+        if self.restoring:
+            return 0
         return min(self.persisted_index, self._verified)
 
     def _ack_leader(self, force: bool) -> None:
@@ -1136,6 +1166,8 @@ class RaftNode:
 
     def _collect_apply(self) -> None:
         limit = min(self.commit, self.persisted_index)
+        if self.restoring:
+            limit = min(limit, self.snap.index)
         if self.applied >= limit:
             return
         hi = min(limit, self.applied + self.cfg.max_apply_entries)

@@ -523,8 +523,11 @@ class StateMachine:
     def apply(self, entries: list) -> None:
         """``(index, term, data)`` of committed entries, in order, each exactly once."""
 
-    def restore(self, storage: RaftStorage, index: int, term: int) -> None:
-        """Replace the state with the snapshot now in ``storage`` (taken at ``index``)."""
+    def restore(self, storage: RaftStorage, index: int, term: int):
+        """Replace the state with the snapshot now in ``storage`` (taken at ``index``).
+        Return False when the snapshot only describes the state and the rest must be
+        fetched (a stream's messages): the member is not counted until the state
+        machine calls ``RaftService.restored()``."""
 
     def leader_changed(self, leader, term: int) -> None:
         """``leader`` is the new leader's id (None while there is none)."""
@@ -557,12 +560,15 @@ class RaftService:
         self.cfg = config or RaftConfig()
         self.tick_interval = tick_interval or self.cfg.heartbeat_interval / 5
         storage.recover(peers)
+        restoring = False
         if storage.snapshot is not None:
-            fsm.restore(storage, storage.snapshot.index, storage.snapshot.term)
+            restoring = fsm.restore(storage, storage.snapshot.index,
+                                    storage.snapshot.term) is False
         self.node = RaftNode(node_id, storage.peers, view=storage, config=self.cfg,
                              rng=random.Random(seed), term=storage.term, vote=storage.vote,
                              snapshot=storage.snapshot, now=trio.current_time(),
                              repair=storage.repair)
+        self.node.set_restoring(restoring)
         self._lock = trio.Lock()
         self._want_sync = trio.Event()
         self._wake = trio.Event()
@@ -610,6 +616,13 @@ class RaftService:
         index = self.node.propose_many(datas)
         self._wake.set()
         return index
+
+    def restored(self) -> None:
+        """The state machine now holds what the snapshot it restored describes (its
+        ``restore`` returned False and it fetched the rest): the node acknowledges,
+        applies and may stand for election again."""
+        self.node.set_restoring(False)
+        self._wake.set()
 
     def transfer_leadership(self, to=None) -> str:
         peer = self.node.transfer_leadership(to)
@@ -763,7 +776,7 @@ class RaftService:
         for peer, data in r.messages:
             send(peer, data)
         if r.restore is not None:
-            self.fsm.restore(storage, *r.restore)
+            self.node.set_restoring(self.fsm.restore(storage, *r.restore) is False)
         if r.committed:
             self.fsm.apply(r.committed)
         for index, peers in r.membership:

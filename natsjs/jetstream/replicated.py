@@ -18,8 +18,9 @@ the log after it is applied again.
 A store whose files were damaged (records failing their checksums) is never served from
 and never passed on: on start it is cut back to before the first sequence the damage
 can have touched (``_cut_damage``); what it lacks then comes from the leader (catch-up,
-natsjs/jetstream/catchup.py) or from the log, and the replica stands for no election
-while it catches up (``RaftNode.standby``), so a leader's store is always whole.
+natsjs/jetstream/catchup.py) or from the log; while it catches up the replica neither
+acknowledges nor applies nor stands for election (``RaftNode.set_restoring``), so it is
+not counted and a leader's store is always whole.
 
 A consumer of a replicated stream has its own group on the same peers: its leader
 delivers and proposes what changes its state (acknowledgements, delivered positions),
@@ -45,7 +46,6 @@ from natsjs.jetstream.store import (META, MSGS, OBS, ConsumerState, MemConsumerS
 from natsjs.jetstream.stream import Stream
 
 SNAPSHOT_EVERY = 8192
-LEAVE_GRACE = 10.0     # how long a replica taken out of its group keeps serving it
 _MSG = struct.Struct("<qHI")          # ts, subject length, header length (or NO_HDR)
 NO_HDR = 0xFFFFFFFF
 E_MSG = b"M"
@@ -95,8 +95,10 @@ class _Replica(StateMachine):
 
     def leave(self) -> None:
         """The meta group took this server out of the group: keep serving as a member
-        until the leader's configuration no longer counts on us (a scale-down's
-        intermediate configurations need the peers removed last), then go."""
+        until the group's leader says its committed configuration no longer counts on
+        us (a replacement is caught up and made a voter before the peer it replaces is
+        removed), then go.  A member cut off from the group stays (its data may be
+        needed) until the leader can tell it."""
         if self.leaving:
             return
         self.leaving = True
@@ -105,16 +107,21 @@ class _Replica(StateMachine):
     async def _leave(self) -> None:
         def staying() -> bool:
             return self.closed or not self.leaving
-        with trio.move_on_after(LEAVE_GRACE):
-            while not staying() and self.cluster.me in self.raft.node.voters:
-                if self.raft.is_leader():
-                    try:
-                        self.raft.transfer_leadership()     # the next leader removes us
-                    except Exception:
-                        pass
-                    await trio.sleep(0.25)
-                else:
-                    await trio.sleep(0.1)
+        me = self.cluster.me
+        while not staying():
+            if self.raft.is_leader():
+                try:
+                    self.raft.transfer_leadership()     # the next leader removes us
+                except Exception:
+                    pass
+                await trio.sleep(0.25)
+                continue
+            voters = await self.cluster.group_voters(self.group)
+            if staying():
+                return
+            if voters is not None and me not in voters:
+                break
+            await trio.sleep(0.5)
         if staying():
             return
         self.cluster.drop_replica(self)
@@ -135,6 +142,9 @@ class _Replica(StateMachine):
             if me not in want:
                 svc.transfer_leadership()        # the next leader removes us
                 return
+            for p in node.learners():
+                if p not in want:
+                    node.cancel_learner(p)       # a newcomer no longer wanted
             for p in want:
                 if p not in node.voters:
                     svc.add_peer(p)
@@ -198,8 +208,7 @@ class ReplicatedStream(_Replica):
         log = FileLog(os.path.join(self.path, "raft", "log"))
         storage = RaftStorage(log, files)
         transport, self._inbox = cluster.transport.attach(self.group)
-        self.catching_up = False
-        self._held: list = []          # entries committed while catching up
+        self.catch_up_to = None        # last sequence a snapshot says we must fetch up to
         self._collect = None           # (datas, replies) of the batch being proposed
         # The store goes back to where the last snapshot says it was (restore(), called
         # by the service when there is one; empty otherwise); the log after that point
@@ -207,7 +216,6 @@ class ReplicatedStream(_Replica):
         self.raft = RaftService(cluster.me, storage, transport, self, peers=self.peers,
                                 config=RaftConfig(), fsync=self.js.fsync)
         cluster.report_damage(repr(self), storage)
-        self.raft.node.standby = self.catching_up
         if storage.snapshot is None:
             self._reset_store(None)
         from natsjs.jetstream import catchup
@@ -327,9 +335,6 @@ class ReplicatedStream(_Replica):
         return slot[1]
 
     def apply(self, entries: list) -> None:
-        if self.catching_up:
-            self._held.extend(entries)
-            return
         stream = self.stream
         replies = []
         for index, term, data in entries:
@@ -479,36 +484,41 @@ class ReplicatedStream(_Replica):
         self.stream.lseq = store.last_seq
         self.stream.synced_seq = store.last_seq
 
-    def restore(self, storage: RaftStorage, index: int, term: int) -> None:
+    def restore(self, storage: RaftStorage, index: int, term: int):
+        """The snapshot says how far the stream goes, not what it holds: a store behind
+        it fetches the rest from the leader (natsjs/jetstream/catchup.py) and, until it
+        has it, this member is not counted (returns False; ``caught_up`` ends that)."""
         try:
             state = json.loads(storage.snapshot_bytes() or b"{}")
         except ValueError:
             state = {}
-        if state.get("last_seq") is not None:
-            store = self.stream.store
-            if store.last_seq < state["last_seq"]:
-                # Behind the snapshot: what we miss comes from the leader (catch-up);
-                # until then the sequence continues where the snapshot says.
-                self.server.log.warn("JetStream cluster: stream '%s > %s' is behind its "
-                                     "snapshot (%d < %d); catching up", self.acc_name,
-                                     self.name, store.last_seq, state["last_seq"])
-                self.catching_up = True
-                raft = getattr(self, "raft", None)   # (none yet on start: __init__ sets it)
-                if raft is not None:
-                    raft.node.standby = True         # no leading from an incomplete store
-                self.js.spawn(self._catch_up, store.last_seq + 1, state["last_seq"])
-            else:
-                self._reset_store(state)
+        last = state.get("last_seq")
+        if last is None:
+            return None
+        store = self.stream.store
+        if store.last_seq >= last:
+            self._reset_store(state)
+            if self.catch_up_to is None:
+                return None
+        elif self.catch_up_to is None:
+            self.server.log.warn("JetStream cluster: stream '%s > %s' is behind its "
+                                 "snapshot (%d < %d); catching up", self.acc_name,
+                                 self.name, store.last_seq, last)
+            self.js.spawn(self._catch_up)
+        self.catch_up_to = last          # a fetch under way goes on to the newer snapshot
+        return False
 
-    async def _catch_up(self, first: int, last: int) -> None:
+    async def _catch_up(self) -> None:
         from natsjs.jetstream import catchup
-        await catchup.fetch(self, first, last)
+        await catchup.fetch(self)
 
-    def resume_after_catch_up(self) -> None:
-        self.raft.node.standby = False
-        held, self._held = self._held, []
-        if held and not self.closed:
-            self.apply(held)
+    def caught_up(self) -> None:
+        """The store holds (durably) what the snapshot described: count this member."""
+        self.catch_up_to = None
+        stream = self.stream
+        stream.lseq = stream.synced_seq = stream.store.last_seq
+        stream._rebuild_state()         # the duplicate window, as the others judge it
+        self.raft.restored()
 
     # ---- membership and lifecycle ----------------------------------------------------------
 

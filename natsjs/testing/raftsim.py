@@ -248,6 +248,9 @@ class SimHost:
         self.syncing = None
         self.hold_sync = False  # tests: keep this host's writes unsynced
         self.damaged = False    # its files were damaged since it last started
+        self.hold_restore = False  # tests: a received snapshot stays unrestored until
+                                   # finish_restore() (a stream fetching its messages)
+        self.restoring = 0      # > 0: a received snapshot is being restored
         self.app = []          # [(index, value)] applied, in order
 
     def start(self):
@@ -272,6 +275,7 @@ class SimHost:
                                  snapshot=self.storage.snapshot, now=sim.now,
                                  repair=self.storage.repair)
         self.syncing = None
+        self.restoring = 0
         self.up = True
         sim.trace("start %s term=%d last=%d" % (self.id, self.node.term, self.node.last_index))
         sim.at(sim.now + sim.rng.uniform(0, sim.tick), self._tick, self.gen)
@@ -316,9 +320,16 @@ class SimHost:
             if r.role == LEADER:
                 sim.checker.leader(self.id, node.term)
             if r.restore is not None:
-                self.app = decode_state(storage.snapshot_bytes())
-                self.applied_to = r.restore[0]
-                sim.checker.restored(self.id, self.app, r.restore[0])
+                if self.hold_restore or sim.slow_restore:
+                    # The application needs a while to hold what the snapshot describes:
+                    # the node waits for it (RaftNode.set_restoring).
+                    node.set_restoring(True)
+                    self.restoring += 1
+                    if not self.hold_restore:
+                        sim.at(sim.now + sim.rng.uniform(*sim.slow_restore),
+                               self.finish_restore, self.gen, self.restoring)
+                else:
+                    self._restore(r.restore[0])
             for index, term, data in r.committed:
                 sim.checker.applied(self.id, index, data, self.applied_to)
                 self.app.append((index, data.decode()))
@@ -333,6 +344,21 @@ class SimHost:
             s = storage.begin_sync()
             self.syncing = s
             sim.at(sim.now + sim.rng.uniform(*sim.fsync), self._synced, self.gen, s)
+
+    def _restore(self, index):
+        self.app = decode_state(self.storage.snapshot_bytes())
+        self.applied_to = index
+        self.sim.checker.restored(self.id, self.app, index)
+
+    def finish_restore(self, gen=None, which=None):
+        """The application now holds the snapshot it received (the latest one)."""
+        if not self.up or (gen is not None and gen != self.gen) or not self.restoring or \
+                (which is not None and which != self.restoring):
+            return
+        self.restoring = 0
+        self._restore(self.storage.snapshot.index)
+        self.node.set_restoring(False)
+        self.process()
 
     def _synced(self, gen, s):
         if not self.up or gen != self.gen or self.syncing is not s:
@@ -458,7 +484,7 @@ class Sim:
 
     def __init__(self, seed, nodes=3, spares=1, duration=6.0, faults=True,
                  node_cls=RaftNode, config=None, fsync=(0.0005, 0.004), tick=0.01,
-                 crash_rate=1.0, liveness=3.0, corrupt_rate=1.0):
+                 crash_rate=1.0, liveness=3.0, corrupt_rate=1.0, slow_restore=None):
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -469,6 +495,9 @@ class Sim:
         self.crash_rate = crash_rate
         self.corrupt_rate = corrupt_rate
         self.liveness = liveness
+        # (lo, hi) seconds: a received snapshot takes that long to restore (a stream
+        # replica fetching the messages it describes); None: at once
+        self.slow_restore = slow_restore
         self.node_cls = node_cls
         self.config = config or RaftConfig(heartbeat_interval=0.05, election_timeout_min=0.25,
                                            election_timeout_max=0.45, snapshot_chunk=256,
@@ -774,13 +803,16 @@ def main(argv=None):
     ap.add_argument("--sabotage", choices=sorted(SABOTAGE), default=None)
     ap.add_argument("--corrupt-rate", type=float, default=1.0,
                     help="weight of the fault that damages a node's files (1 = default)")
+    ap.add_argument("--slow-restore", type=float, default=0.0,
+                    help="a received snapshot takes up to this many seconds to restore")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     acked = 0
     cls = SABOTAGE[args.sabotage] if args.sabotage else RaftNode
     for seed in range(args.first, args.first + args.seeds):
         r = Sim(seed, nodes=args.nodes, duration=args.duration, node_cls=cls,
-                corrupt_rate=args.corrupt_rate).run()
+                corrupt_rate=args.corrupt_rate,
+                slow_restore=(0.01, args.slow_restore) if args.slow_restore else None).run()
         acked += r["acked"]
     print("%d seeds, %d nodes: ok, %d acknowledged entries checked, %.1fs"
           % (args.seeds, args.nodes, acked, time.perf_counter() - t0))
@@ -821,8 +853,17 @@ class VoteBeforeRepair(RaftNode):
         super().__init__(*args, **kw)
 
 
+class CountedWhileRestoring(RaftNode):
+    """Acknowledges, applies and campaigns while its application still lacks the
+    snapshot it restored (run with ``slow_restore``)."""
+
+    def set_restoring(self, restoring):
+        pass
+
+
 SABOTAGE = {"ack-before-persist": AckBeforePersist, "minority-commit": MinorityCommit,
-            "no-lease": NoPreVoteLease, "vote-before-repair": VoteBeforeRepair}
+            "no-lease": NoPreVoteLease, "vote-before-repair": VoteBeforeRepair,
+            "counted-while-restoring": CountedWhileRestoring}
 
 
 if __name__ == "__main__":
