@@ -9,9 +9,11 @@ membership use their own streams so they do not disturb the others.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -682,20 +684,104 @@ def test_object_put_get_ls_rm(cluster, tmp_path):
     assert missing.returncode == 1 and "object not found" in missing.stderr
 
 
+def replica_states(c, stream):
+    """Each server's own view of ``stream`` (its replica's state and consumers), from
+    its monitoring port: what the server stores, not what the leader says."""
+    import urllib.request
+    out = {}
+    for srv in c.state["servers"]:
+        url = "http://127.0.0.1:%d/jsz?accounts=true&streams=true&consumers=true" % srv["http"]
+        with urllib.request.urlopen(url, timeout=10) as r:
+            jsz = json.loads(r.read())
+        for acc in jsz.get("account_details") or []:
+            for sd in acc.get("stream_detail") or []:
+                if sd["name"] == stream:
+                    st = sd["state"]
+                    out[srv["name"]] = (
+                        {k: st.get(k) for k in ("messages", "bytes", "first_seq", "last_seq",
+                                                 "num_deleted")},
+                        sorted((cd["name"], cd["delivered"]["stream_seq"],
+                                cd["ack_floor"]["stream_seq"])
+                               for cd in sd.get("consumer_detail") or []))
+    return out
+
+
 def test_stream_backup_and_restore(cluster, tmp_path):
+    """A backup of an R3 stream restored into another natsjs cluster: every replica
+    holds the same messages and consumer state (the leader takes the archive, the
+    followers catch up from it), survives leadership moving, and takes new messages;
+    the same backup also restores into a single server."""
     from conftest import start_natsjs
     cluster.cli("stream", "add", "KEPT", "--subjects", "kept.>", "--replicas", "3",
                 "--defaults")
     cluster.cli("pub", "-J", "kept.{{Count}}", "body {{Count}}", "--count", "20", "-q")
+    cluster.cli("stream", "rmm", "KEPT", "5", "-f")
     cluster.cli("consumer", "add", "KEPT", "READER", "--pull", "--defaults")
+    cluster.cli("consumer", "next", "KEPT", "READER", "--count", "3")
     target = tmp_path / "backup"
     out = cluster.cli("stream", "backup", "KEPT", str(target)).stdout
     assert out.startswith('Starting backup of Stream "KEPT" with ')
     assert re.search(r'Received .* compressed data in \d+ chunks for stream "KEPT" in ', out)
     assert sorted(os.listdir(target)) == ["backup.json", "stream.tar.s2"]
-    # into a clustered natsjs the server says it cannot; into a single server it works
-    p = cluster.cli("stream", "restore", str(target), check=False)
-    assert p.returncode == 1 and "not supported" in p.stderr
+    source = stream_json(cluster, "KEPT")["state"]
+
+    other = Cluster(tmp_path, "restored", 3)
+    try:
+        out = other.cli("stream", "restore", str(target)).stdout
+        assert out.startswith('Starting restore of Stream "KEPT" from file ')
+        assert 'Restored stream "KEPT" in ' in out
+        assert "\nCluster Information:\n" in out
+        info = stream_json(other, "KEPT")
+        assert info["config"]["num_replicas"] == 3
+        st = info["state"]
+        assert (st["messages"], st["first_seq"], st["last_seq"], st["num_deleted"],
+                st["consumer_count"]) == (19, 1, 20, 1, 1)
+        assert st["bytes"] == source["bytes"]
+        wait_current(other, "KEPT", 3)
+        want = ({"messages": 19, "bytes": source["bytes"], "first_seq": 1, "last_seq": 20,
+                 "num_deleted": 1}, [("READER", 3, 3)])
+
+        def same_everywhere():
+            got = replica_states(other, "KEPT")
+            return len(got) == 3 and all(v == want for v in got.values())
+        wait_until(same_everywhere, what="every replica to hold the restored stream")
+        # a former follower leads: the messages it serves are its own copy
+        p = other.cli("stream", "cluster", "step-down", "KEPT")
+        new = re.search(r'New leader elected "(n\d-c1)"', p.stderr).group(1)
+        got = json.loads(other.cli("stream", "get", "KEPT", "7", "--json").stdout)
+        assert got["subject"] == "kept.7" and base64.b64decode(got["data"]) == b"body 7"
+        gone = other.cli("stream", "get", "KEPT", "5", check=False)
+        assert gone.returncode == 1 and "no message found" in gone.stderr
+        nxt = other.cli("consumer", "next", "KEPT", "READER").stdout
+        assert re.search(r"cons seq: 4 / str seq: 4 / pending: 15", nxt), nxt
+        other.cli("pub", "-J", "kept.new", "after")
+        want = ({"messages": 20, "bytes": None, "first_seq": 1, "last_seq": 21,
+                 "num_deleted": 1}, [("READER", 4, 4)])
+
+        def grown():
+            got = replica_states(other, "KEPT")
+            return len(got) == 3 and all(
+                dict(v[0], bytes=None) == want[0] and v[1] == want[1] for v in got.values())
+        wait_until(grown, what="every replica to take the new message")
+        assert stream_json(other, "KEPT")["cluster"]["leader"] == new
+        # the name is taken now; a damaged archive leaves no stream behind
+        again = other.cli("stream", "restore", str(target), check=False)
+        assert again.returncode == 1 and "stream name already in use" in again.stderr
+        broken = tmp_path / "broken"
+        shutil.copytree(target, broken)
+        meta = json.loads((broken / "backup.json").read_text())
+        meta["config"].update(name="BROKEN", subjects=["broken.>"])
+        (broken / "backup.json").write_text(json.dumps(meta))
+        data = bytearray((broken / "stream.tar.s2").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (broken / "stream.tar.s2").write_bytes(bytes(data))
+        bad = other.cli("stream", "restore", str(broken), check=False)
+        assert bad.returncode == 1 and "restore failed" in bad.stderr
+        wait_until(lambda: "BROKEN" not in other.cli("stream", "ls", "--names").stdout,
+                   what="the failed restore's stream to go")
+    finally:
+        other.down()
+
     single = start_natsjs("-js", "-sd", str(tmp_path / "single"))
     try:
         env = dict(cluster.env)
@@ -704,7 +790,7 @@ def test_stream_backup_and_restore(cluster, tmp_path):
         assert out.startswith('Starting restore of Stream "KEPT" from file ')
         assert 'Restored stream "KEPT" in ' in out
         st = json.loads(run_cli(env, *url, "stream", "info", "KEPT", "--json").stdout)["state"]
-        assert st["messages"] == 20 and st["consumer_count"] == 1
+        assert st["messages"] == 19 and st["consumer_count"] == 1
         got = run_cli(env, *url, "stream", "get", "KEPT", "7", "--json").stdout
         assert json.loads(got)["subject"] == "kept.7"
     finally:
