@@ -240,6 +240,116 @@ def test_user_password_and_env_credentials(cluster):
     assert bad.stderr.strip().count("\n") == 0 and "Authorization Violation" in bad.stderr
 
 
+# The documentation's system user (JetStream clustering, "Server password
+# configuration"): user admin in $SYS with this bcrypt hash of this password.
+DOC_PASSWORD = "a very long s3cr3t! password"
+DOC_HASH = "$2a$11$DRh4C0KNbNnD8K/hb/buWe1zPxEHrLEiDmuq1Mi0rRJiH/W25Qidm"
+DOC_CONFIG = """server_name=%(name)s
+listen=%(port)d
+
+accounts {
+  $SYS {
+    users = [
+      { user: "admin",
+        pass: "%(hash)s"
+      }
+    ]
+  }
+}
+
+jetstream {
+   store_dir=%(store)s
+}
+
+cluster {
+  name: C1
+  listen: 127.0.0.1:%(cport)d
+  routes: [
+%(routes)s
+  ]
+}
+"""
+
+
+def _free_ports(n):
+    import socket
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def doc_cluster(tmp_path, binary, size=3):
+    """Servers started from the documentation's configuration, as written there but for
+    the ports and folders (a free port each, all on this host)."""
+    ports = _free_ports(2 * size)
+    cports = ports[size:]
+    procs = []
+    for i in range(size):
+        name = "n%d-c1" % (i + 1)
+        others = "\n".join("    nats://127.0.0.1:%d" % p for j, p in enumerate(cports) if j != i)
+        conf = tmp_path / (name + ".conf")
+        conf.write_text(DOC_CONFIG % {"name": name, "port": ports[i], "hash": DOC_HASH,
+                                      "store": json.dumps(str(tmp_path / name)),
+                                      "cport": cports[i], "routes": others})
+        log = open(tmp_path / (name + ".log"), "wb")
+        procs.append(subprocess.Popen([binary, "-c", str(conf)] if binary else
+                                      CLI[:1] + ["-m", "natsjs", "-c", str(conf)],
+                                      stdout=log, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL))
+        log.close()
+    return ["nats://127.0.0.1:%d" % p for p in ports[:size]], procs
+
+
+def test_the_documentations_system_user(cluster, tmp_path):
+    """``--user admin --password 'a very long s3cr3t! password'`` -- the documentation's
+    system user -- administers a 'cluster up' cluster and a cluster configured from the
+    documentation's text, for natsjs as for nats-server."""
+    with open(os.path.join(cluster.data, "n1-c1.conf")) as f:
+        assert 'pass: "%s"' % DOC_HASH in f.read()
+    assert "--user admin --password 'a very long s3cr3t! password'" in cluster.up.stdout
+    url = "nats://127.0.0.1:%d" % cluster.state["servers"][2]["port"]
+    doc = ["--user", "admin", "--password", DOC_PASSWORD]
+    out = run_cli(cluster.env, "-s", url, *doc, "server", "report", "jetstream").stdout
+    assert len(re.findall(r"^\| n\d-c1\*? +\| C1 ", out, re.M)) == SIZE
+    reports = {}
+    for kind, binary in (("natsjs", ""), ("reference", reference_server_binary())):
+        folder = tmp_path / kind
+        folder.mkdir()
+        urls, procs = doc_cluster(folder, binary)
+        try:
+            env = dict(cluster.env)
+            args = ["--no-context", "-s", ",".join(urls), *doc]
+
+            def formed():
+                p = run_cli(env, *args, "server", "report", "jetstream", check=False)
+                rows = re.findall(r"^\| (n\d-c1\*?) +\| C1 ", p.stdout, re.M)
+                return p.returncode == 0 and len(rows) == 3 and \
+                    sum(r.endswith("*") for r in rows) == 1 and p.stdout
+            reports[kind] = wait_until(formed, timeout=90, interval=0.5,
+                                       what="the documentation's %s cluster" % kind)
+            ls = run_cli(env, *args, "server", "ls").stdout
+            assert len(re.findall(r"^\| n\d-c1 +\| C1 ", ls, re.M)) == 3
+            wrong = run_cli(env, "--no-context", "-s", urls[0], "--user", "admin",
+                            "--password", "a very long secret password", "server", "ls",
+                            check=False)
+            assert wrong.returncode == 1 and "Authorization Violation" in wrong.stderr
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+    for starts in ("| Server", "| Name"):
+        assert cells(reports["natsjs"], starts) == cells(reports["reference"], starts)
+
+
 def test_errors_are_one_line_without_traceback(cluster):
     for args in (["stream", "info", "NOPE"], ["-s", "nats://127.0.0.1:1", "stream", "ls"],
                  ["--timeout", "bogus", "stream", "ls"], ["stream", "add"],
