@@ -22,6 +22,7 @@ import time
 import pytest
 
 from conftest import reference_server_binary
+from jscluster import DOC_HASH, DOC_PASS, JSCluster
 
 CLI = [sys.executable, "-m", "natsjs.admin"]
 SIZE = 5
@@ -240,71 +241,6 @@ def test_user_password_and_env_credentials(cluster):
     assert bad.stderr.strip().count("\n") == 0 and "Authorization Violation" in bad.stderr
 
 
-# The documentation's system user (JetStream clustering, "Server password
-# configuration"): user admin in $SYS with this bcrypt hash of this password.
-DOC_PASSWORD = "a very long s3cr3t! password"
-DOC_HASH = "$2a$11$DRh4C0KNbNnD8K/hb/buWe1zPxEHrLEiDmuq1Mi0rRJiH/W25Qidm"
-DOC_CONFIG = """server_name=%(name)s
-listen=%(port)d
-
-accounts {
-  $SYS {
-    users = [
-      { user: "admin",
-        pass: "%(hash)s"
-      }
-    ]
-  }
-}
-
-jetstream {
-   store_dir=%(store)s
-}
-
-cluster {
-  name: C1
-  listen: 127.0.0.1:%(cport)d
-  routes: [
-%(routes)s
-  ]
-}
-"""
-
-
-def _free_ports(n):
-    import socket
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def doc_cluster(tmp_path, binary, size=3):
-    """Servers started from the documentation's configuration, as written there but for
-    the ports and folders (a free port each, all on this host)."""
-    ports = _free_ports(2 * size)
-    cports = ports[size:]
-    procs = []
-    for i in range(size):
-        name = "n%d-c1" % (i + 1)
-        others = "\n".join("    nats://127.0.0.1:%d" % p for j, p in enumerate(cports) if j != i)
-        conf = tmp_path / (name + ".conf")
-        conf.write_text(DOC_CONFIG % {"name": name, "port": ports[i], "hash": DOC_HASH,
-                                      "store": json.dumps(str(tmp_path / name)),
-                                      "cport": cports[i], "routes": others})
-        log = open(tmp_path / (name + ".log"), "wb")
-        procs.append(subprocess.Popen([binary, "-c", str(conf)] if binary else
-                                      CLI[:1] + ["-m", "natsjs", "-c", str(conf)],
-                                      stdout=log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL))
-        log.close()
-    return ["nats://127.0.0.1:%d" % p for p in ports[:size]], procs
-
-
 def test_the_documentations_system_user(cluster, tmp_path):
     """``--user admin --password 'a very long s3cr3t! password'`` -- the documentation's
     system user -- administers a 'cluster up' cluster and a cluster configured from the
@@ -313,39 +249,33 @@ def test_the_documentations_system_user(cluster, tmp_path):
         assert 'pass: "%s"' % DOC_HASH in f.read()
     assert "--user admin --password 'a very long s3cr3t! password'" in cluster.up.stdout
     url = "nats://127.0.0.1:%d" % cluster.state["servers"][2]["port"]
-    doc = ["--user", "admin", "--password", DOC_PASSWORD]
+    doc = ["--user", "admin", "--password", DOC_PASS]
     out = run_cli(cluster.env, "-s", url, *doc, "server", "report", "jetstream").stdout
     assert len(re.findall(r"^\| n\d-c1\*? +\| C1 ", out, re.M)) == SIZE
     reports = {}
-    for kind, binary in (("natsjs", ""), ("reference", reference_server_binary())):
+    for kind in ("natsjs", "reference"):
         folder = tmp_path / kind
         folder.mkdir()
-        urls, procs = doc_cluster(folder, binary)
+        doc_cluster = JSCluster(folder, 3, reference=kind == "reference", doc=True)
         try:
-            env = dict(cluster.env)
-            args = ["--no-context", "-s", ",".join(urls), *doc]
+            doc_cluster.start()
+            args = ["--no-context", "-s", ",".join(doc_cluster.urls), *doc]
 
             def formed():
-                p = run_cli(env, *args, "server", "report", "jetstream", check=False)
+                p = run_cli(cluster.env, *args, "server", "report", "jetstream", check=False)
                 rows = re.findall(r"^\| (n\d-c1\*?) +\| C1 ", p.stdout, re.M)
                 return p.returncode == 0 and len(rows) == 3 and \
                     sum(r.endswith("*") for r in rows) == 1 and p.stdout
-            reports[kind] = wait_until(formed, timeout=90, interval=0.5,
+            reports[kind] = wait_until(formed, timeout=60, interval=0.5,
                                        what="the documentation's %s cluster" % kind)
-            ls = run_cli(env, *args, "server", "ls").stdout
+            ls = run_cli(cluster.env, *args, "server", "ls").stdout
             assert len(re.findall(r"^\| n\d-c1 +\| C1 ", ls, re.M)) == 3
-            wrong = run_cli(env, "--no-context", "-s", urls[0], "--user", "admin",
-                            "--password", "a very long secret password", "server", "ls",
-                            check=False)
+            wrong = run_cli(cluster.env, "--no-context", "-s", doc_cluster.urls[0], "--user",
+                            "admin", "--password", "a very long secret password", "server",
+                            "ls", check=False)
             assert wrong.returncode == 1 and "Authorization Violation" in wrong.stderr
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            doc_cluster.close()
     for starts in ("| Server", "| Name"):
         assert cells(reports["natsjs"], starts) == cells(reports["reference"], starts)
 
