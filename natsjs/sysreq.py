@@ -3,7 +3,7 @@
 A client bound to the system account asks every server (``PING``) or one server
 (``$SYS.REQ.SERVER.<id>.<KIND>``) for its monitoring data; each server answers on the
 reply subject with ``{"server": {...}, "data": {...}}`` (``statsz`` for the plain
-PING), the shapes of nats-server's server/events.go (ServerAPIResponse,
+PING and STATSZ), the shapes of nats-server's server/events.go (ServerAPIResponse,
 ServerStatsMsg).  The handlers are internal subscriptions in the system account, so
 the request reaches them through the same sublist as client traffic.
 
@@ -84,9 +84,13 @@ def _monitor(path):
 
 
 def _healthz(server, query):
-    # the health status is the answer whether healthy or not (events.go HEALTHZ)
+    # The health status is the answer whether healthy or not (events.go HEALTHZ), with
+    # the status code that /healthz gives as the HTTP status (monitor.go healthz:
+    # only HandleHealthz leaves it out of the JSON).
     from natsjs import monitor
-    _status, body = monitor.ENDPOINTS["/healthz"](server, query)
+    status, body = monitor.ENDPOINTS["/healthz"](server, query)
+    if isinstance(body, dict):
+        body = dict(body, status_code=status)
     return body
 
 
@@ -182,7 +186,8 @@ def _handler(server, kind):
                     query = _query_from_options(opts)
             except ValueError:
                 pass
-        if kind is None:
+        if kind is None or kind == "STATSZ":
+            # events.go statszReq: a ServerStatsMsg, for PING and PING.STATSZ alike
             resp = {"server": _server_info(server), "statsz": statsz(server)}
         elif kind == "IDZ":      # answered bare, not as a ServerAPIResponse
             resp = _idz(server, query)
