@@ -112,6 +112,9 @@ def register(top) -> None:
     p.add_argument("--top", type=int, default=1000)
     json_flag(p)
 
+    from natsjs.admin import server_report
+    server_report.register(r)
+
     q_ = g.group("request", "Request monitoring data from a specific server", aliases=["req"])
     for name, kind, aliases, help_ in (
             ("jetstream", "JSZ", ["jsz", "js"], "Show JetStream details"),
@@ -749,7 +752,12 @@ async def report_connections(rt) -> None:
         body["filter_subject"] = a.subject
     if a.username:
         body["user"] = a.username
-    got = await _connz(rt, body)
+    render_connections(a, await _connz(rt, body))
+
+
+def render_connections(a, got: list) -> None:
+    """natscli's renderConnections: the top connections of every server's CONNZ answer
+    (``a.sort``, ``a.top``, ``a.json``, ``a.reverse``), then how many each server has."""
     conns = []
     for r in got:
         srv = r.get("server") or {}
@@ -766,6 +774,8 @@ async def report_connections(rt) -> None:
         conns.sort(key=lambda c: c.get("start", ""))
     else:
         conns.sort(key=lambda c: len(c.get("subscriptions_list") or []), reverse=True)
+    if getattr(a, "reverse", False):
+        conns.reverse()
     limit = min(a.top, len(conns)) if a.top > 0 else len(conns)
     t = Table("Top %d Connections out of %s by %s" % (limit, "{:,}".format(len(conns)), a.sort),
               ["CID", "Name", "Server", "Cluster", "IP", "Account", "Uptime", "In Msgs",
