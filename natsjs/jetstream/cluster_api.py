@@ -63,8 +63,7 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
                      "LEADER": "stream_leader_stepdown_response"}[kind]
             return _err(rtype, ApiError.of("JSStreamNotFoundErr"))
         return None
-    if head == "CONSUMER" and ((n == 4 and kind in ("INFO", "PAUSE")) or
-                               (n == 5 and kind == "LEADER")):
+    if head == "CONSUMER" and ((n == 4 and kind == "INFO") or (n == 5 and kind == "LEADER")):
         sname, cname = op[-2], op[-1]
         crep = _consumer_replica(cl, acc, sname, cname)
         if _electing_here(cl, crep):
@@ -73,9 +72,7 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
         if crep is not None and crep.is_leader():
             if kind == "INFO":
                 return {"type": T + "consumer_info_response", **crep.consumer.info()}
-            if kind == "LEADER":
-                return _step_down(crep, "consumer_leader_stepdown_response")
-            return await api.consumer_pause(jsa, sname, cname, body)
+            return _step_down(crep, "consumer_leader_stepdown_response")
         if cl.is_meta_leader():
             if ("%s %s" % (acc, sname)) not in cl.state.streams:
                 err = ApiError.of("JSStreamNotFoundErr")
@@ -83,7 +80,7 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
                 err = ApiError.of("JSConsumerNotFoundErr")
             else:
                 return None
-            rtype = {"INFO": "consumer_info_response", "PAUSE": "consumer_pause_response",
+            rtype = {"INFO": "consumer_info_response",
                      "LEADER": "consumer_leader_stepdown_response"}[kind]
             return _err(rtype, err)
         return None
@@ -123,6 +120,8 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
             return await _consumer_delete(api, jsa, op[2], op[3])
         if kind in ("NAMES", "LIST") and n == 3:
             return await _consumer_page(api, jsa, op[2], body, kind == "LIST")
+        if kind == "PAUSE" and n == 4:
+            return await _consumer_pause(api, jsa, op[2], op[3], body)
     return None
 
 
@@ -140,7 +139,8 @@ def _meta_rtype(op: list) -> str | None:
              ("CONSUMER", "DURABLE"): "consumer_create_response",
              ("CONSUMER", "DELETE"): "consumer_delete_response",
              ("CONSUMER", "NAMES"): "consumer_names_response",
-             ("CONSUMER", "LIST"): "consumer_list_response"}
+             ("CONSUMER", "LIST"): "consumer_list_response",
+             ("CONSUMER", "PAUSE"): "consumer_pause_response"}
     if op == ["INFO"]:
         return "account_info_response"
     return table.get((head, kind))
@@ -648,6 +648,33 @@ async def _consumer_page(api, jsa, stream: str, body: bytes, full: bool):
             infos.append(info)
     out["consumers"] = infos
     return out
+
+
+async def _consumer_pause(api, jsa, stream: str, name: str, body: bytes):
+    """server/jetstream_api.go jsConsumerPauseRequest in a cluster: the meta leader
+    proposes the consumer's assignment with the new ``pause_until``, so every replica
+    (and whichever leads next) pauses alike."""
+    from natsjs.jetstream.api import PAUSE_REQUEST, pause_response
+    cl = api.js.cluster
+    rtype = "consumer_pause_response"
+    try:
+        req = api._decode(body, PAUSE_REQUEST)
+        if ("%s %s" % (jsa.name, stream)) not in cl.state.streams:
+            raise ApiError.of("JSStreamNotFoundErr")
+        ca = cl.state.consumers.get("%s %s %s" % (jsa.name, stream, name))
+        if ca is None:
+            raise ApiError.of("JSConsumerNotFoundErr")
+        cfg = dict(ca["cfg"])
+        cfg["pause_until"] = req.get("pause_until") or ""
+        CC.set_static_metadata(cfg)
+        await cl.propose_meta({"op": "consumer", "acc": jsa.name, "stream": stream,
+                               "name": name, "cfg": cfg, "group": ca["group"],
+                               "created": ca["created"]})
+    except ApiError as err:
+        return api._err(rtype, err)
+    except trio.TooSlowError:
+        return api._err(rtype, ApiError.of("JSClusterNotAvailErr"))
+    return pause_response(cfg)
 
 
 def on_consumer_info_request(cl, sub, subject, reply, hdr, msg) -> None:
