@@ -755,17 +755,21 @@ async def report_connections(rt) -> None:
     render_connections(a, await _connz(rt, body))
 
 
+def _with_servers(got: list):
+    for r in got:
+        for c in (r.get("data") or {}).get("connections") or []:
+            yield c, r.get("server") or {}
+
+
 def render_connections(a, got: list) -> None:
     """natscli's renderConnections: the top connections of every server's CONNZ answer
     (``a.sort``, ``a.top``, ``a.json``, ``a.reverse``), then how many each server has."""
-    conns = []
-    for r in got:
-        srv = r.get("server") or {}
-        for c in (r.get("data") or {}).get("connections") or []:
-            conns.append(dict(c, _server=srv.get("name", ""), _cluster=srv.get("cluster", "")))
     if a.json:
-        print_json(got)
+        # natscli's connInfo: each connection with the server that holds it
+        print_json([dict(c, server=srv) for c, srv in _with_servers(got)])
         return
+    conns = [dict(c, _server=srv.get("name", ""), _cluster=srv.get("cluster", ""))
+             for c, srv in _with_servers(got)]
     key = {"in-bytes": "in_bytes", "out-bytes": "out_bytes", "in-msgs": "in_msgs",
            "out-msgs": "out_msgs", "cid": "cid"}.get(a.sort)
     if key:

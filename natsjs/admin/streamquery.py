@@ -257,7 +257,7 @@ class Expression:
                 continue
             out.append(c)
             i += 1
-        return "".join(out)
+        return "".join(out).strip()
 
     _NODES = (ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.Compare,
               ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn,
