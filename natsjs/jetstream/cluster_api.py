@@ -674,6 +674,15 @@ async def _consumer_pause(api, jsa, stream: str, name: str, body: bytes):
         return api._err(rtype, err)
     except trio.TooSlowError:
         return api._err(rtype, ApiError.of("JSClusterNotAvailErr"))
+    # Answer once the consumer's leader runs with it, so the info a client asks for
+    # next shows the pause (or its end); nats-server answers on proposing.
+    want = cfg["pause_until"]
+    with trio.move_on_after(2.0):
+        while True:
+            info = await _consumer_info(cl, jsa.name, stream, name, timeout=1.0)
+            if info is not None and (info.get("config") or {}).get("pause_until", "") == want:
+                break
+            await trio.sleep(0.02)
     return pause_response(cfg)
 
 
