@@ -300,6 +300,10 @@ class Account:
         self.on_interest = None
         self._publisher = None
         self._publishing = False
+        # What the account's closed connections carried (in msgs, in bytes, out msgs,
+        # out bytes) and its slow consumers, for the account statz (sysreq.py).
+        self.closed_totals = [0, 0, 0, 0]
+        self.slow_consumers = 0
 
     def publisher(self):
         """A core that publishes into this account for server code (Server.deliver).

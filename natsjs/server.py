@@ -504,9 +504,19 @@ class Server:
             self._closed_in[1] += core.in_bytes
             self._closed_out[0] += core.out_msgs
             self._closed_out[1] += core.out_bytes
+            acc = getattr(client, "account", None)
+            if acc is not None:
+                t = acc.closed_totals
+                t[0] += core.in_msgs
+                t[1] += core.in_bytes
+                t[2] += core.out_msgs
+                t[3] += core.out_bytes
 
     def note_slow_consumer(self, client: Client) -> None:
         self.slow_consumers += 1
+        acc = getattr(client, "account", None)
+        if acc is not None:
+            acc.slow_consumers += 1
 
     @staticmethod
     def flush_pcd(core) -> None:

@@ -3,7 +3,7 @@
 A client bound to the system account asks every server (``PING``) or one server
 (``$SYS.REQ.SERVER.<id>.<KIND>``) for its monitoring data; each server answers on the
 reply subject with ``{"server": {...}, "data": {...}}`` (``statsz`` for the plain
-PING), the shapes of nats-server's server/events.go (ServerAPIResponse,
+PING and STATSZ), the shapes of nats-server's server/events.go (ServerAPIResponse,
 ServerStatsMsg).  The handlers are internal subscriptions in the system account, so
 the request reaches them through the same sublist as client traffic.
 
@@ -84,9 +84,15 @@ def _monitor(path):
 
 
 def _healthz(server, query):
-    # the health status is the answer whether healthy or not (events.go HEALTHZ)
+    # The health status is the answer whether healthy or not (events.go HEALTHZ), with
+    # the status code that /healthz gives as the HTTP status (monitor.go healthz:
+    # only HandleHealthz leaves it out of the JSON).
     from natsjs import monitor
-    _status, body = monitor.ENDPOINTS["/healthz"](server, query)
+    if "acc" in query:          # HealthzOptions' "account" is /healthz's ?account=
+        query = dict(query, account=query.pop("acc"))
+    status, body = monitor.ENDPOINTS["/healthz"](server, query)
+    if isinstance(body, dict):
+        body = dict(body, status_code=status)
     return body
 
 
@@ -165,32 +171,148 @@ def _not_leader(server) -> bool:
     return not cluster.meta.is_leader()
 
 
+def _request_options(server, kind, hdr, msg):
+    """A request's JSON options and the monitoring query they make, or None when its
+    filters exclude this server (events.go zReq)."""
+    body = msg[hdr:] if hdr and hdr > 0 else msg
+    opts: dict = {}
+    if body.strip():
+        try:
+            decoded = json.loads(body)
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, dict):
+            if filtered(server, decoded):
+                return None
+            if kind == "JSZ" and decoded.get("leader_only") and _not_leader(server):
+                return None
+            opts = decoded
+    return opts, _query_from_options(opts)
+
+
+def _reply(server, reply: bytes, resp) -> None:
+    server.deliver(server.system_account, reply, None,
+                   json.dumps(resp, separators=(",", ":")).encode())
+
+
 def _handler(server, kind):
     def on_request(sub, subject, reply, hdr, msg):
         if not reply:
             return
-        query = {}
-        body = msg[hdr:] if hdr and hdr > 0 else msg
-        if body.strip():
-            try:
-                opts = json.loads(body)
-                if isinstance(opts, dict):
-                    if filtered(server, opts):
-                        return
-                    if kind == "JSZ" and opts.get("leader_only") and _not_leader(server):
-                        return
-                    query = _query_from_options(opts)
-            except ValueError:
-                pass
-        if kind is None:
+        parsed = _request_options(server, kind, hdr, msg)
+        if parsed is None:
+            return
+        _opts, query = parsed
+        if kind is None or kind == "STATSZ":
+            # events.go statszReq: a ServerStatsMsg, for PING and PING.STATSZ alike
             resp = {"server": _server_info(server), "statsz": statsz(server)}
         elif kind == "IDZ":      # answered bare, not as a ServerAPIResponse
             resp = _idz(server, query)
         else:
             resp = {"server": _server_info(server), "data": KINDS[kind](server, query)}
-        server.deliver(server.system_account, reply, None,
-                       json.dumps(resp, separators=(",", ":")).encode())
+        _reply(server, reply, resp)
     return on_request
+
+
+# ---- an account's own view: $SYS.REQ.ACCOUNT.<account>.CONNZ|STATZ ------------------------
+#
+# events.go registerSystemImports: every account imports $SYS.REQ.SERVER.PING.CONNZ and
+# $SYS.REQ.ACCOUNT.PING.CONNZ (as $SYS.REQ.ACCOUNT.<account>.CONNZ) and
+# $SYS.REQ.ACCOUNT.PING.STATZ (as $SYS.REQ.ACCOUNT.<account>.STATZ) from the system
+# account, so an ordinary user sees its own account's connections and statistics
+# (natscli's account report).  Every server answers, so the answers stream back.
+
+ACCOUNT_IMPORTS = ((b"$SYS.REQ.SERVER.PING.CONNZ", "CONNZ"),
+                   (b"$SYS.REQ.ACCOUNT.PING.CONNZ", "CONNZ"),
+                   (b"$SYS.REQ.ACCOUNT.PING.STATZ", "STATZ"))
+
+
+def account_statz(server, acc) -> dict:
+    """events.go AccountStatz's entry for one account (its clients on this server)."""
+    in_msgs, in_bytes, out_msgs, out_bytes = acc.closed_totals
+    conns = 0
+    for c in server.clients.values():
+        if getattr(c, "account", None) is acc:
+            conns += 1
+            core = c.core
+            in_msgs += core.in_msgs
+            in_bytes += core.in_bytes
+            out_msgs += core.out_msgs
+            out_bytes += core.out_bytes
+    return {"acc": acc.name, "name": acc.name, "conns": conns, "leafnodes": 0,
+            "total_conns": conns, "num_subscriptions": acc.sublist.count,
+            "sent": {"msgs": out_msgs, "bytes": out_bytes},
+            "received": {"msgs": in_msgs, "bytes": in_bytes},
+            "slow_consumers": acc.slow_consumers}
+
+
+def _accounts_statz(server, names, include_unused: bool):
+    """The AccountStatz answer for ``names`` (every account when empty), or None when no
+    account qualifies (nats-server then stays silent)."""
+    out = []
+    for name in names or sorted(server.accounts):
+        acc = server.accounts.get(name)
+        if acc is None or (not names and acc.is_system):
+            continue
+        st = account_statz(server, acc)
+        if st["conns"] or include_unused:
+            out.append(st)
+    if not out:
+        return None
+    return {"server_id": server.server_id,
+            "now": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z",
+            "account_statz": out}
+
+
+def _account_handler(server, kind):
+    """$SYS.REQ.ACCOUNT.<account>.<kind> in the system account."""
+    def on_request(sub, subject, reply, hdr, msg):
+        if not reply:
+            return
+        name = subject.split(b".")[3].decode(errors="replace")
+        if name == "PING" or name not in server.accounts:
+            return
+        parsed = _request_options(server, kind, hdr, msg)
+        if parsed is None:
+            return
+        opts, query = parsed
+        if kind == "CONNZ":
+            query["acc"] = name
+            data = KINDS["CONNZ"](server, query)
+        else:
+            data = _accounts_statz(server, [name], bool(opts.get("include_unused")))
+            if data is None:
+                return
+        _reply(server, reply, {"server": _server_info(server), "data": data})
+    return on_request
+
+
+def _accounts_ping(server):
+    """$SYS.REQ.ACCOUNT.PING.STATZ from a system user: the accounts asked for."""
+    def on_request(sub, subject, reply, hdr, msg):
+        if not reply:
+            return
+        parsed = _request_options(server, "STATZ", hdr, msg)
+        if parsed is None:
+            return
+        opts, _query = parsed
+        data = _accounts_statz(server, list(opts.get("accounts") or []),
+                               bool(opts.get("include_unused")))
+        if data is not None:
+            _reply(server, reply, {"server": _server_info(server), "data": data})
+    return on_request
+
+
+def _account_import(server, acc, kind: str):
+    """In ``acc``: the request goes on to the system account as that account's own,
+    and every server's answer comes back (a streamed response)."""
+    sys_acc = server.system_account
+    target = b"$SYS.REQ.ACCOUNT.%s.%s" % (acc.name.encode(), kind.encode())
+
+    def request(sub, subject, reply, hdr, msg):
+        mapped = sys_acc.map_reply(acc, reply, "stream") if reply else None
+        server.deliver(sys_acc, target, mapped, msg, hdr)
+    return request
 
 
 class SysRequests:
@@ -209,3 +331,16 @@ class SysRequests:
                                       self)
             server.subscribe_internal(acc, b"$SYS.REQ.SERVER.%s.%s" % (sid, kind.encode()),
                                       handler, self)
+        for kind in ("CONNZ", "STATZ"):
+            server.subscribe_internal(acc, b"$SYS.REQ.ACCOUNT.*.%s" % kind.encode(),
+                                      _account_handler(server, kind), self)
+        server.subscribe_internal(acc, b"$SYS.REQ.ACCOUNT.PING.STATZ", _accounts_ping(server),
+                                  self)
+        acc.ensure_response_sub(server, self)
+        for other in list(server.accounts.values()):
+            if other is acc:
+                continue
+            for subject, kind in ACCOUNT_IMPORTS:
+                # Not routed: each server forwards its own clients' requests once.
+                server.subscribe_internal(other, subject, _account_import(server, other, kind),
+                                          self, route=False)

@@ -9,9 +9,11 @@ membership use their own streams so they do not disturb the others.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ import time
 import pytest
 
 from conftest import reference_server_binary
+from jscluster import DOC_HASH, DOC_PASS, JSCluster
 
 CLI = [sys.executable, "-m", "natsjs.admin"]
 SIZE = 5
@@ -236,6 +239,45 @@ def test_user_password_and_env_credentials(cluster):
                   check=False)
     assert bad.returncode == 1
     assert bad.stderr.strip().count("\n") == 0 and "Authorization Violation" in bad.stderr
+
+
+def test_the_documentations_system_user(cluster, tmp_path):
+    """``--user admin --password 'a very long s3cr3t! password'`` -- the documentation's
+    system user -- administers a 'cluster up' cluster and a cluster configured from the
+    documentation's text, for natsjs as for nats-server."""
+    with open(os.path.join(cluster.data, "n1-c1.conf")) as f:
+        assert 'pass: "%s"' % DOC_HASH in f.read()
+    assert "--user admin --password 'a very long s3cr3t! password'" in cluster.up.stdout
+    url = "nats://127.0.0.1:%d" % cluster.state["servers"][2]["port"]
+    doc = ["--user", "admin", "--password", DOC_PASS]
+    out = run_cli(cluster.env, "-s", url, *doc, "server", "report", "jetstream").stdout
+    assert len(re.findall(r"^\| n\d-c1\*? +\| C1 ", out, re.M)) == SIZE
+    reports = {}
+    for kind in ("natsjs", "reference"):
+        folder = tmp_path / kind
+        folder.mkdir()
+        doc_cluster = JSCluster(folder, 3, reference=kind == "reference", doc=True)
+        try:
+            doc_cluster.start()
+            args = ["--no-context", "-s", ",".join(doc_cluster.urls), *doc]
+
+            def formed():
+                p = run_cli(cluster.env, *args, "server", "report", "jetstream", check=False)
+                rows = re.findall(r"^\| (n\d-c1\*?) +\| C1 ", p.stdout, re.M)
+                return p.returncode == 0 and len(rows) == 3 and \
+                    sum(r.endswith("*") for r in rows) == 1 and p.stdout
+            reports[kind] = wait_until(formed, timeout=60, interval=0.5,
+                                       what="the documentation's %s cluster" % kind)
+            ls = run_cli(cluster.env, *args, "server", "ls").stdout
+            assert len(re.findall(r"^\| n\d-c1 +\| C1 ", ls, re.M)) == 3
+            wrong = run_cli(cluster.env, "--no-context", "-s", doc_cluster.urls[0], "--user",
+                            "admin", "--password", "a very long secret password", "server",
+                            "ls", check=False)
+            assert wrong.returncode == 1 and "Authorization Violation" in wrong.stderr
+        finally:
+            doc_cluster.close()
+    for starts in ("| Server", "| Name"):
+        assert cells(reports["natsjs"], starts) == cells(reports["reference"], starts)
 
 
 def test_errors_are_one_line_without_traceback(cluster):
@@ -682,20 +724,104 @@ def test_object_put_get_ls_rm(cluster, tmp_path):
     assert missing.returncode == 1 and "object not found" in missing.stderr
 
 
+def replica_states(c, stream):
+    """Each server's own view of ``stream`` (its replica's state and consumers), from
+    its monitoring port: what the server stores, not what the leader says."""
+    import urllib.request
+    out = {}
+    for srv in c.state["servers"]:
+        url = "http://127.0.0.1:%d/jsz?accounts=true&streams=true&consumers=true" % srv["http"]
+        with urllib.request.urlopen(url, timeout=10) as r:
+            jsz = json.loads(r.read())
+        for acc in jsz.get("account_details") or []:
+            for sd in acc.get("stream_detail") or []:
+                if sd["name"] == stream:
+                    st = sd["state"]
+                    out[srv["name"]] = (
+                        {k: st.get(k) for k in ("messages", "bytes", "first_seq", "last_seq",
+                                                 "num_deleted")},
+                        sorted((cd["name"], cd["delivered"]["stream_seq"],
+                                cd["ack_floor"]["stream_seq"])
+                               for cd in sd.get("consumer_detail") or []))
+    return out
+
+
 def test_stream_backup_and_restore(cluster, tmp_path):
+    """A backup of an R3 stream restored into another natsjs cluster: every replica
+    holds the same messages and consumer state (the leader takes the archive, the
+    followers catch up from it), survives leadership moving, and takes new messages;
+    the same backup also restores into a single server."""
     from conftest import start_natsjs
     cluster.cli("stream", "add", "KEPT", "--subjects", "kept.>", "--replicas", "3",
                 "--defaults")
     cluster.cli("pub", "-J", "kept.{{Count}}", "body {{Count}}", "--count", "20", "-q")
+    cluster.cli("stream", "rmm", "KEPT", "5", "-f")
     cluster.cli("consumer", "add", "KEPT", "READER", "--pull", "--defaults")
+    cluster.cli("consumer", "next", "KEPT", "READER", "--count", "3")
     target = tmp_path / "backup"
     out = cluster.cli("stream", "backup", "KEPT", str(target)).stdout
     assert out.startswith('Starting backup of Stream "KEPT" with ')
     assert re.search(r'Received .* compressed data in \d+ chunks for stream "KEPT" in ', out)
     assert sorted(os.listdir(target)) == ["backup.json", "stream.tar.s2"]
-    # into a clustered natsjs the server says it cannot; into a single server it works
-    p = cluster.cli("stream", "restore", str(target), check=False)
-    assert p.returncode == 1 and "not supported" in p.stderr
+    source = stream_json(cluster, "KEPT")["state"]
+
+    other = Cluster(tmp_path, "restored", 3)
+    try:
+        out = other.cli("stream", "restore", str(target)).stdout
+        assert out.startswith('Starting restore of Stream "KEPT" from file ')
+        assert 'Restored stream "KEPT" in ' in out
+        assert "\nCluster Information:\n" in out
+        info = stream_json(other, "KEPT")
+        assert info["config"]["num_replicas"] == 3
+        st = info["state"]
+        assert (st["messages"], st["first_seq"], st["last_seq"], st["num_deleted"],
+                st["consumer_count"]) == (19, 1, 20, 1, 1)
+        assert st["bytes"] == source["bytes"]
+        wait_current(other, "KEPT", 3)
+        want = ({"messages": 19, "bytes": source["bytes"], "first_seq": 1, "last_seq": 20,
+                 "num_deleted": 1}, [("READER", 3, 3)])
+
+        def same_everywhere():
+            got = replica_states(other, "KEPT")
+            return len(got) == 3 and all(v == want for v in got.values())
+        wait_until(same_everywhere, what="every replica to hold the restored stream")
+        # a former follower leads: the messages it serves are its own copy
+        p = other.cli("stream", "cluster", "step-down", "KEPT")
+        new = re.search(r'New leader elected "(n\d-c1)"', p.stderr).group(1)
+        got = json.loads(other.cli("stream", "get", "KEPT", "7", "--json").stdout)
+        assert got["subject"] == "kept.7" and base64.b64decode(got["data"]) == b"body 7"
+        gone = other.cli("stream", "get", "KEPT", "5", check=False)
+        assert gone.returncode == 1 and "no message found" in gone.stderr
+        nxt = other.cli("consumer", "next", "KEPT", "READER").stdout
+        assert re.search(r"cons seq: 4 / str seq: 4 / pending: 15", nxt), nxt
+        other.cli("pub", "-J", "kept.new", "after")
+        want = ({"messages": 20, "bytes": None, "first_seq": 1, "last_seq": 21,
+                 "num_deleted": 1}, [("READER", 4, 4)])
+
+        def grown():
+            got = replica_states(other, "KEPT")
+            return len(got) == 3 and all(
+                dict(v[0], bytes=None) == want[0] and v[1] == want[1] for v in got.values())
+        wait_until(grown, what="every replica to take the new message")
+        assert stream_json(other, "KEPT")["cluster"]["leader"] == new
+        # the name is taken now; a damaged archive leaves no stream behind
+        again = other.cli("stream", "restore", str(target), check=False)
+        assert again.returncode == 1 and "stream name already in use" in again.stderr
+        broken = tmp_path / "broken"
+        shutil.copytree(target, broken)
+        meta = json.loads((broken / "backup.json").read_text())
+        meta["config"].update(name="BROKEN", subjects=["broken.>"])
+        (broken / "backup.json").write_text(json.dumps(meta))
+        data = bytearray((broken / "stream.tar.s2").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (broken / "stream.tar.s2").write_bytes(bytes(data))
+        bad = other.cli("stream", "restore", str(broken), check=False)
+        assert bad.returncode == 1 and "restore failed" in bad.stderr
+        wait_until(lambda: "BROKEN" not in other.cli("stream", "ls", "--names").stdout,
+                   what="the failed restore's stream to go")
+    finally:
+        other.down()
+
     single = start_natsjs("-js", "-sd", str(tmp_path / "single"))
     try:
         env = dict(cluster.env)
@@ -704,7 +830,7 @@ def test_stream_backup_and_restore(cluster, tmp_path):
         assert out.startswith('Starting restore of Stream "KEPT" from file ')
         assert 'Restored stream "KEPT" in ' in out
         st = json.loads(run_cli(env, *url, "stream", "info", "KEPT", "--json").stdout)["state"]
-        assert st["messages"] == 20 and st["consumer_count"] == 1
+        assert st["messages"] == 19 and st["consumer_count"] == 1
         got = run_cli(env, *url, "stream", "get", "KEPT", "7", "--json").stdout
         assert json.loads(got)["subject"] == "kept.7"
     finally:
@@ -789,3 +915,259 @@ def test_reference_stream_and_consumer_screens_match(cluster, ref_cluster):
            for name, c in (("natsjs", cluster), ("reference", ref_cluster))}
     assert [x for x in labels(srv["natsjs"]) if x.endswith(("Details", "Limits"))] == \
         [x for x in labels(srv["reference"]) if x.endswith(("Details", "Limits"))]
+
+
+# ---- stream find / subjects / gaps, consumer pause, kv revert, object watch, account and
+# ---- server reports: each against natsjs and the reference, the same screens --------------
+
+BOTH = (("natsjs", "cluster"), ("reference", "ref_cluster"))
+
+
+def _both(request):
+    return [(name, request.getfixturevalue(fx)) for name, fx in BOTH]
+
+
+def test_stream_find_subjects_and_gaps(request):
+    out = {}
+    for name, c in _both(request):
+        c.cli("stream", "add", "FINDME", "--subjects", "find.*", "--replicas", "3",
+              "--defaults")
+        c.cli("stream", "add", "FINDEMPTY", "--subjects", "findempty.>", "--defaults")
+        for subj, n in (("find.a", 4), ("find.b", 2), ("find.c", 2)):
+            c.cli("pub", "-J", subj, "x", "--count", str(n), "-q")
+        for seq in (2, 3, 6):
+            c.cli("stream", "rmm", "FINDME", str(seq), "-f")
+        wait_current(c, "FINDME", 3)
+        leader = stream_json(c, "FINDME")["cluster"]["leader"]
+        names = {}
+        for key, args in (
+                ("empty", ["--empty"]), ("r1", ["--replicas", "1"]),
+                ("r2-up", ["--replicas", "2", "--invert"]),
+                ("subject", ["--subject", "find.>"]),
+                ("leader", ["--leader", leader]),
+                ("server", ["--server-name", "^%s$" % leader]),
+                ("expr", ["--expression", 'state.messages >= 3 && "find.*" in config.subjects']),
+                ("expr-not", ["--expression", '!(config.name startsWith "FIND") || '
+                                              'len(config.subjects) != 1 || '
+                                              'config.name contains "EMPTY"']),
+                ("old", ["--created", "1h"]), ("idle", ["--idle", "1h"])):
+            got = c.cli("stream", "find", "--names", *args).stdout.split()
+            names[key] = [n for n in got if n.startswith("FIND")]
+        table = c.cli("stream", "find", "--subject", "find.*").stdout
+        subjects = c.cli("stream", "subjects", "FINDME").stdout
+        out[name] = {
+            "names": names, "table": table, "subjects": subjects,
+            "subjects_json": json.loads(c.cli("stream", "subjects", "FINDME", "--json").stdout),
+            "filtered": json.loads(c.cli("stream", "subjects", "FINDME", "find.a",
+                                         "--json").stdout),
+            "sorted": c.cli("stream", "subjects", "FINDME", "--names", "--sort",
+                            "name").stdout.split(),
+            "none": c.cli("stream", "subjects", "FINDEMPTY").stdout,
+            "gaps": c.cli("stream", "gaps", "FINDME", "-f").stdout,
+            "gaps_json": json.loads(c.cli("stream", "gaps", "FINDME", "-f", "--json").stdout),
+        }
+        bad = c.cli("stream", "find", "--expression", "state.messages >", check=False)
+        assert bad.returncode == 1 and "invalid expression" in bad.stderr
+    for name in ("natsjs", "reference"):
+        o = out[name]
+        n = o["names"]
+        assert n["empty"] == ["FINDEMPTY"] and "FINDEMPTY" in n["r1"]
+        assert "FINDME" not in n["r1"] and "FINDME" in n["r2-up"]
+        assert "FINDEMPTY" not in n["r2-up"]
+        assert n["subject"] == ["FINDME"] and "FINDME" in n["leader"]
+        assert "FINDME" in n["server"] and n["expr"] == ["FINDME"]
+        assert n["expr-not"] == ["FINDEMPTY"], (name, n)
+        assert n["old"] == [] and n["idle"] == ["FINDEMPTY"]
+        assert o["subjects_json"] == {"find.a": 2, "find.b": 1, "find.c": 2}
+        assert o["filtered"] == {"find.a": 2}
+        assert o["sorted"] == ["find.a", "find.b", "find.c"]
+        assert "3 Subjects in stream FINDME" in o["subjects"]
+        assert cells(o["subjects"], "| Subject") == ["Subject", "Count"] * 3
+        assert o["none"] == "No subjects found matching >\n"
+        assert o["gaps_json"] == [[2, 3], [6, 6]]
+        assert "2 gaps found in Stream FINDME" in o["gaps"]
+        assert re.findall(r"^\| (\d+) +\| (\d+) +\|$", o["gaps"], re.M) == \
+            [("2", "3"), ("6", "6")]
+        assert cells(o["table"], "| FINDME ")[3] == "5"
+    assert cells(out["natsjs"]["table"], "| Name") == cells(out["reference"]["table"], "| Name")
+    assert out["natsjs"]["subjects"] == out["reference"]["subjects"]
+    assert out["natsjs"]["gaps"] == out["reference"]["gaps"]
+
+
+def test_consumer_pause_and_resume(request):
+    screens = {}
+    for name, c in _both(request):
+        c.cli("stream", "add", "PAUSING", "--subjects", "pausing", "--replicas", "3",
+              "--defaults")
+        c.cli("consumer", "add", "PAUSING", "HELD", "--pull", "--defaults")
+        p = c.cli("consumer", "pause", "PAUSING", "HELD", "1h", "-f").stdout
+        assert re.match(r"Paused PAUSING > HELD until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d "
+                        r"\((1h0m0s|59m59s)\)\n$", p), (name, p)
+        info = c.cli("consumer", "info", "PAUSING", "HELD").stdout
+        assert re.search(r"^ +Paused Until Deadline: \d{4}-.* \((1h0m0s|59m5\ds) remaining\)$",
+                         info, re.M), info
+        assert re.search(r"^ +Paused Until: \d{4}-.* \((1h0m0s|59m5\ds) remaining\)$", info,
+                         re.M), info
+        assert json.loads(c.cli("consumer", "info", "PAUSING", "HELD", "--json").stdout)[
+            "paused"] is True
+        # the new leader is paused too
+        c.cli("consumer", "cluster", "step-down", "PAUSING", "HELD")
+        assert json.loads(c.cli("consumer", "info", "PAUSING", "HELD", "--json").stdout)[
+            "paused"] is True
+        r = c.cli("consumer", "resume", "PAUSING", "HELD", "-f").stdout
+        assert re.match(r"Consumer PAUSING > HELD was resumed while previously paused until "
+                        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\n$", r), r
+        after = c.cli("consumer", "info", "PAUSING", "HELD").stdout
+        assert "Paused Until" not in after
+        again = c.cli("consumer", "resume", "PAUSING", "HELD", "-f", check=False)
+        assert again.returncode == 1 and again.stderr == \
+            "natsjs: error: consumer is not paused\n"
+        past = c.cli("consumer", "pause", "PAUSING", "HELD", "2001-01-01 00:00:00", "-f",
+                     check=False)
+        assert past.returncode == 1 and "perhaps due to a time in the past" in past.stderr
+        assert "Paused Until Deadline: 2001-01-01" in \
+            c.cli("consumer", "info", "PAUSING", "HELD").stdout
+        garbage = c.cli("consumer", "pause", "PAUSING", "HELD", "soon", "-f", check=False)
+        assert garbage.returncode == 1 and "either timestamp or duration" in garbage.stderr
+        screens[name] = info
+    assert labels(screens["natsjs"]) == labels(screens["reference"])
+
+
+def test_kv_revert_and_object_watch(request, tmp_path):
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(os.urandom(200000))
+    hist = {}
+    for name, c in _both(request):
+        c.cli("kv", "add", "REV", "--history", "5")
+        for v in ("one", "two", "three"):
+            c.cli("kv", "put", "REV", "k", v)
+        out = c.cli("kv", "revert", "REV", "k", "1", "--force").stdout
+        assert re.findall(r"^\| k +\| (\d) +\| PUT +\| .* \| (\w+) +\|$", out, re.M) == \
+            [("1", "one"), ("2", "two"), ("3", "three"), ("4", "one")], out
+        assert c.cli("kv", "get", "REV", "k", "--raw").stdout == "one\n"
+        one = c.cli("kv", "revert", "REV", "k", "9", "--force", check=False)
+        assert one.returncode == 1 and "key not found" in one.stderr
+        c.cli("kv", "add", "ONCE")
+        c.cli("kv", "put", "ONCE", "k", "v")
+        single = c.cli("kv", "revert", "ONCE", "k", "1", "--force", check=False)
+        assert single.returncode == 1 and \
+            "cannot revert key in a bucket where history=1" in single.stderr
+        hist[name] = out
+        c.cli("object", "add", "WATCHED")
+        c.cli("object", "put", "WATCHED", str(blob), "--name", "first", "-f")
+        c.cli("object", "put", "WATCHED", str(blob), "--name", "gone", "-f")
+        c.cli("object", "rm", "WATCHED", "gone", "-f")
+        watcher = subprocess.Popen(CLI + ["--context", "c", "object", "watch", "WATCHED",
+                                          "--count", "3"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   stdin=subprocess.DEVNULL, text=True, env=c.env)
+        try:
+            # the history first (first, then gone's delete), then what changes
+            lines = [watcher.stdout.readline(), watcher.stdout.readline()]
+            c.cli("object", "put", "WATCHED", str(blob), "--name", "later", "-f")
+            rest, _ = watcher.communicate(timeout=60)
+        finally:
+            watcher.kill()
+        lines += rest.splitlines(True)
+        pat = r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] "
+        assert re.match(pat + r"PUT WATCHED > first: 195 KiB bytes in 2 chunks\n$", lines[0])
+        assert re.match(pat + r"DEL WATCHED > gone\n$", lines[1]), lines
+        assert re.match(pat + r"PUT WATCHED > later: 195 KiB bytes in 2 chunks\n$", lines[2])
+    assert cells(hist["natsjs"], "| Key") == cells(hist["reference"], "| Key")
+
+
+def test_account_report_connections_and_statistics(request):
+    """An ordinary user's view of its own account (the system imports every account
+    has): its connections and its traffic on each server."""
+    shapes = {}
+    for name, c in _both(request):
+        sub = _spawn(c, "sub", "acct.report", "--count", "1")
+        try:
+            _wait_line(sub, r"Subscribing on acct\.report")
+            conns = c.cli("account", "report", "connections").stdout
+            stats = c.cli("account", "report", "statistics").stdout
+            as_json = json.loads(c.cli("account", "report", "connections", "--json").stdout)
+            c.cli("pub", "acct.report", "done")
+            sub.communicate(timeout=30)
+        finally:
+            sub.kill()
+        assert re.search(r"Top \d+ Connections out of \d+ by subs", conns)
+        assert "NATSJS CLI Version" in conns and "Connections per server" in conns
+        rows = [line for line in conns.splitlines() if re.match(r"^\| \d+ +\| ", line)]
+        assert len(rows) >= 2 and all("$SYS" not in r for r in rows)
+        assert len(as_json) >= 2 and all(x["server"]["name"] and x["cid"] for x in as_json)
+        assert "Server Statistics" in stats
+        # the footer: the servers that answered (those where the account has
+        # connections), then the totals
+        footer = [x.strip() for x in
+                  [line for line in stats.splitlines() if line.startswith("| ")][-1]
+                  .strip("|").split("|")]
+        assert 1 <= int(footer[0]) <= len(c.state["servers"])
+        assert int(footer[4].replace(",", "")) >= 2          # two connections at least
+        shapes[name] = (conns, stats)
+    for i in (0, 1):
+        first = "| CID" if i == 0 else "| Server"
+        assert cells(shapes["natsjs"][i], first) == cells(shapes["reference"][i], first)
+
+
+def test_server_report_cpu_mem_routes_gateways_leafnodes_health(request):
+    out = {}
+    for name, c in _both(request):
+        size = len(c.state["servers"])
+        cpu = c.sys("server", "report", "cpu").stdout
+        mem = c.sys("server", "report", "mem").stdout
+        assert cpu.startswith("CPU Usage\n\n") and mem.startswith("Memory Usage\n\n")
+        bars = re.findall(r"^  (n\d-c1): (?:█+|▏) \(([\d.,]+)\)$", cpu, re.M)
+        assert len(bars) == size, cpu
+        assert len(re.findall(r"^  n\d-c1: (?:█+|▏) \(\d+(\.\d)? MiB\)$", mem, re.M)) == size
+        usage = json.loads(c.sys("server", "report", "mem", "--json").stdout)
+        assert sorted(usage) == ["n%d-c1" % (i + 1) for i in range(size)]
+        assert all(isinstance(v, int) and v > 0 for v in usage.values())
+        one = c.sys("server", "report", "cpu", "--host", "n2-c1").stdout
+        assert re.findall(r"^  (n\d-c1): ", one, re.M) == ["n2-c1"]
+        routes = c.sys("server", "report", "routes").stdout
+        footer = [line for line in routes.splitlines() if line.startswith("| %d " % size)]
+        assert footer and cells(footer[0], "|")[1] == "1"
+        assert re.search(r"^\| n1-c1 +\| C1 +\| n\d-c1 ", routes, re.M)
+        gw = c.sys("server", "report", "gateways").stdout
+        assert "Super Cluster Report" in gw
+        leaf = c.sys("server", "report", "leafnodes").stdout
+        assert "Leafnode Report" in leaf
+        health = c.sys("server", "report", "health").stdout
+        assert len(re.findall(r"^\| n\d-c1 +\| C1 +\| +\| ok \(200\) ", health, re.M)) == size
+        assert "ok: %d / err: 0" % size in health
+        out[name] = {"routes": routes, "gw": gw, "leaf": leaf, "health": health}
+    for key, first in (("routes", "| Server"), ("gw", "| Server"), ("leaf", "| Server"),
+                       ("health", "| Server")):
+        assert cells(out["natsjs"][key], first) == cells(out["reference"][key], first), key
+
+
+def test_find_expressions_and_helpers_in_process():
+    from natsjs.admin.server_report import bar_graph, commaf
+    from natsjs.admin.streamquery import Expression, gap_ranges, subject_is_subset_match
+    info = {"config": {"name": "ORDERS", "subjects": ["js.in.orders_1", "x.*"],
+                       "num_replicas": 3},
+            "state": {"messages": 7}, "cluster": {"name": "lon", "leader": "n1"}}
+    for text, want in (('state.messages < 10', True), ("state.messages > 10", False),
+                       ('info.cluster.name in ["lon", "sfo"]', True),
+                       ('"js.in.orders_1" in config.subjects', True),
+                       ('config.name matches "^ORD" && !(state.messages == 7)', False),
+                       ("config.name startsWith 'OR' and config.num_replicas == 3", True),
+                       ("len(config.subjects) == 2 || nil", True),
+                       ("config.missing == nil", True)):
+        assert Expression(text).test(info) is want, text
+    for bad in ("__import__('os')", "config.name.upper()", "state.messages >",
+                "[x for x in config]", "lambda: 1"):
+        with pytest.raises(Exception) as e:
+            Expression(bad).test(info)
+        assert "expression" in str(e.value)
+    with pytest.raises(Exception):
+        Expression("state.messages").test(info)          # not a boolean
+    assert subject_is_subset_match("orders.new", "orders.*")
+    assert subject_is_subset_match("orders.*", "orders.>")
+    assert not subject_is_subset_match("orders.>", "orders.*")
+    assert not subject_is_subset_match("orders", "orders.*")
+    assert gap_ranges([9, 2, 3, 4, 7]) == [[2, 4], [7, 7], [9, 9]]
+    assert commaf(1234.5) == "1,234.5" and commaf(3.0) == "3" and commaf(0.25) == "0.25"
+    graph = bar_graph({"a": 1.0, "bb": 3.0, "c": 0.0}, "CPU Usage", 10, False)
+    assert graph == ("CPU Usage\n\n   c: ▏ (0)\n   a: ███ (1)\n  bb: ██████████ (3)\n")

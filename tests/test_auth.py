@@ -256,6 +256,14 @@ def test_system_account_requests(accounts_server):
             timeout=TIMEOUT)).data)
         assert connz["data"]["num_connections"] >= 1
         assert any("subscriptions_list" in c for c in connz["data"]["connections"])
+        # STATSZ answers as the plain PING does (events.go statszReq), HEALTHZ carries
+        # the status code that /healthz gives as its HTTP status
+        statsz = json.loads((await admin.request("$SYS.REQ.SERVER.PING.STATSZ", b"",
+                                                 timeout=TIMEOUT)).data)
+        assert statsz["statsz"]["connections"] >= 1 and "data" not in statsz
+        health = json.loads((await admin.request("$SYS.REQ.SERVER.PING.HEALTHZ", b"",
+                                                 timeout=TIMEOUT)).data)
+        assert health["data"] == {"status": "ok", "status_code": 200}
         await admin.close()
         # a user outside the system account cannot reach these
         a = await connect(accounts_server, user="a", password="a")

@@ -268,6 +268,40 @@ def test_consumer_state_survives_consumer_leader_change(cluster3):
     run(main())
 
 
+def test_consumer_pause_is_the_groups_not_the_leaders(cluster3):
+    """CONSUMER.PAUSE goes through the meta group (as nats-server's meta leader proposes
+    the paused configuration): a new consumer leader is paused too, until resumed."""
+    async def main():
+        nc, js = await connect(cluster3)
+        await js.add_stream(name="PZ", subjects=["pz"], num_replicas=3)
+        await js.publish("pz", b"x")
+        await js.pull_subscribe("pz", "held")
+
+        async def pause(body):
+            msg = await nc.request("$JS.API.CONSUMER.PAUSE.PZ.held",
+                                   json.dumps(body).encode() if body is not None else b"",
+                                   timeout=TIMEOUT)
+            return json.loads(msg.data)
+        resp = await pause({"pause_until": "2100-01-01T00:00:00Z"})
+        assert resp["paused"] is True and resp["pause_until"] == "2100-01-01T00:00:00Z"
+        assert resp["pause_remaining"] > 0
+        ci = await js.consumer_info("PZ", "held")
+        ci = await consumer_step_down(nc, js, "PZ", "held", ci.cluster.leader)
+        raw = json.loads((await nc.request("$JS.API.CONSUMER.INFO.PZ.held", b"",
+                                           timeout=TIMEOUT)).data)
+        assert raw["paused"] is True and raw["config"]["pause_until"] == "2100-01-01T00:00:00Z"
+        resp = await pause(None)
+        assert resp["paused"] is False and resp["pause_until"] == "0001-01-01T00:00:00Z"
+        raw = json.loads((await nc.request("$JS.API.CONSUMER.INFO.PZ.held", b"",
+                                           timeout=TIMEOUT)).data)
+        assert not raw.get("paused") and not raw["config"].get("pause_until")
+        missing = json.loads((await nc.request("$JS.API.CONSUMER.PAUSE.PZ.nope", b"",
+                                               timeout=TIMEOUT)).data)
+        assert missing["error"]["err_code"] == 10014 and missing["paused"] is False
+        await nc.close()
+    run(main())
+
+
 def test_unacknowledged_deliveries_come_back_from_the_new_consumer_leader(cluster3):
     """The followers track what the leader delivered: messages delivered and never
     acked before a leader change are redelivered by the next leader (at least once),

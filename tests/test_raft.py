@@ -202,6 +202,27 @@ def test_leader_transfer_to_a_caught_up_peer():
     assert sim.run_for(1.0, until=all_applied(sim, index))
 
 
+def test_transfer_asks_another_voter_when_the_target_does_not_take_over():
+    """The chosen target dies as leadership is handed to it: after an election timeout
+    the leader asks the other caught-up voter, instead of simply carrying on."""
+    sim = make(seed=9)
+    lead = leader(sim)
+    term = node(sim, lead).term
+    index = propose(sim, 5)
+    assert sim.run_for(1.0, until=all_applied(sim, index))
+    others = sorted(followers(sim))
+    first = max(others, key=lambda p: node(sim, lead)._progress[p].match)
+    sim.hosts[first].crash()
+    assert node(sim, lead).transfer_leadership() == first
+    sim.hosts[lead].process()
+    assert sim.run_for(0.5 * sim.config.election_timeout_min)
+    assert node(sim, lead).role == LEADER          # the dead target did nothing
+    other = [p for p in others if p != first][0]
+    assert sim.run_for(3 * sim.config.election_timeout_max,
+                       until=lambda: node(sim, other).role == LEADER)
+    assert node(sim, other).term > term and node(sim, lead).role == FOLLOWER
+
+
 def test_transfer_waits_until_the_target_has_every_entry():
     sim = make(seed=11)
     lead = leader(sim)

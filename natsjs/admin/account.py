@@ -13,6 +13,24 @@ def register(top) -> None:
     g = top.group("account", "Account information and status", aliases=["a"])
     p = g.command("info", "Account information", info, aliases=["nfo"])
     json_flag(p)
+    r = g.group("report", "Report on account metrics", aliases=["rep"])
+    p = r.command("connections", "Report on connections", report_connections,
+                  aliases=["conn", "connz", "conns"])
+    p.add_argument("--sort", default="subs", choices=["in-bytes", "out-bytes", "in-msgs",
+                                                      "out-msgs", "uptime", "cid", "subs"],
+                   help="Sort by a specific property")
+    p.add_argument("--top", type=int, default=1000, help="Limit results to the top results")
+    p.add_argument("--subject", default="",
+                   help="Limits responses only to those connections with matching "
+                        "subscription interest")
+    p.add_argument("--username", default="", help="Limits responses only to those "
+                                                  "connections for a specific username")
+    p.add_argument("-R", "--reverse", action="store_true", help="Reverse sort connections")
+    p.add_argument("--state", default="open", choices=["open", "closed", "all"],
+                   help="Limits responses only to those connections in a specific state")
+    json_flag(p)
+    r.command("statistics", "Report on server statistics", report_statistics,
+              aliases=["stats", "statsz"])
 
 
 def _tier(c: Columns, name: str, tier: dict) -> None:
@@ -91,3 +109,60 @@ async def info(rt) -> None:
     else:
         _tier(c, "Default", acct)
     c.print()
+
+
+# ---- report: the account's own view through the system account's imports ----------------
+
+
+async def report_connections(rt) -> None:
+    """The account's connections on every server: $SYS.REQ.SERVER.PING.CONNZ, which an
+    account imports from the system account (answers gathered until they stop)."""
+    from natsjs.admin.server import gather, render_connections
+    a = rt.args
+    body = {"subscriptions": True, "username": True, "limit": 1024,
+            "state": {"open": 0, "closed": 1, "all": 2}[a.state]}
+    if a.subject:
+        body["filter_subject"] = a.subject
+    if a.username:
+        body["user"] = a.username
+    got = [r for r in await gather(rt, "CONNZ", body, filtered=True) if r.get("data")]
+    if not got:
+        raise CLIError("did not get results from any servers")
+    render_connections(a, got)
+
+
+async def report_statistics(rt) -> None:
+    """natscli reportServerStats: the account's traffic on every server
+    ($SYS.REQ.ACCOUNT.PING.STATZ)."""
+    from natsjs.admin.jsapi import server_requests
+    from natsjs.admin.render import Table
+    nc = await rt.conn()
+    res = await server_requests(nc, "$SYS.REQ.ACCOUNT.PING.STATZ", None, 0, rt.timeout,
+                                rt.settings.trace)
+    t = Table("Server Statistics", ["Server", "Cluster", "Version", "Tags", "Connections",
+                                    "Subscriptions", "Leafnodes", "Sent Bytes",
+                                    "Sent Messages", "Received Bytes", "Received Messages",
+                                    "Slow Consumers"])
+    tot = [0] * 8
+    for r in res:
+        if r.get("error"):
+            raise CLIError("invalid response received: %s"
+                           % (r["error"] or {}).get("description", r["error"]))
+        if "data" not in r:
+            raise CLIError("no data received in response")
+        stats = (r["data"] or {}).get("account_statz") or []
+        if not stats:
+            continue
+        st, srv = stats[0], r.get("server") or {}
+        sent, recv = st.get("sent") or {}, st.get("received") or {}
+        vals = [st.get("conns", 0), st.get("num_subscriptions", 0), st.get("leafnodes", 0),
+                sent.get("bytes", 0), sent.get("msgs", 0), recv.get("bytes", 0),
+                recv.get("msgs", 0), st.get("slow_consumers", 0)]
+        tot = [x + y for x, y in zip(tot, vals)]
+        t.add(srv.get("host", ""), srv.get("cluster", ""), srv.get("ver", ""),
+              ", ".join(srv.get("tags") or []), comma(vals[0]), comma(vals[1]), comma(vals[2]),
+              ibytes(vals[3]), comma(vals[4]), ibytes(vals[5]), comma(vals[6]), comma(vals[7]))
+    t.set_footer(comma(len(res)), "", "", "", comma(tot[0]), comma(tot[1]), comma(tot[2]),
+                 ibytes(tot[3]), comma(tot[4]), ibytes(tot[5]), comma(tot[6]), comma(tot[7]))
+    t.print()
+    print()

@@ -18,8 +18,8 @@ import time
 from natsjs.admin import prompt
 from natsjs.admin.app import json_flag
 from natsjs.admin.errors import CLIError, q
-from natsjs.admin.render import (Columns, Table, duration, emit, local_rfc3339, local_time,
-                                 print_json, since, NS)
+from natsjs.admin.render import (Columns, Table, duration, emit, go_duration, local_rfc3339,
+                                 local_time, parse_duration, parse_time, print_json, since, NS)
 from natsjs.admin.stream import (_dur, _int, _metadata, edit_plan, leader_step_down, pick_stream,
                                  render_cluster, replica_state, save_config)
 
@@ -80,6 +80,19 @@ def register(top) -> None:
     p.add_argument("-f", "--force", action="store_true", help="Force edit without prompting")
     p.add_argument("--dry-run", action="store_true", help="Only shows differences")
     json_flag(p)
+
+    p = g.command("pause", "Pause a consumer until a later time", pause)
+    p.add_argument("stream", nargs="?", help="Stream name")
+    p.add_argument("consumer", nargs="?", help="Consumer name")
+    p.add_argument("until", nargs="?", metavar="TIME",
+                   help="Pause until a specific time (eg %s) or for a duration (eg 1h30m)"
+                        % time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()))
+    p.add_argument("-f", "--force", action="store_true", help="Force pause without prompting")
+
+    p = g.command("resume", "Resume a paused consumer", resume)
+    p.add_argument("stream", nargs="?", help="Stream name")
+    p.add_argument("consumer", nargs="?", help="Consumer name")
+    p.add_argument("-f", "--force", action="store_true", help="Force resume without prompting")
 
     c = g.group("cluster", "Manages a clustered consumer", aliases=["c"])
     p = c.command("step-down", "Force a new leader election by standing down the current "
@@ -319,6 +332,11 @@ def consumer_screen(ci: dict, state_only: bool = False) -> Columns:
         c.row_if("Max Pull Batch", cfg.get("max_batch"), cfg.get("max_batch"))
         c.row_if("Replicas", cfg.get("num_replicas"), cfg.get("num_replicas"))
         c.row_if("Memory Storage", True, cfg.get("mem_storage"))
+        if ci.get("paused"):
+            c.row("Paused Until Deadline", "%s (%s remaining)" % (
+                local_time(cfg.get("pause_until")), _round_s(ci.get("pause_remaining", 0))))
+        elif local_time(cfg.get("pause_until")):
+            c.row("Paused Until Deadline", "%s (passed)" % local_time(cfg["pause_until"]))
     cl = ci.get("cluster") or {}
     if cl.get("name"):
         c.title("Cluster Information")
@@ -354,7 +372,23 @@ def consumer_screen(ci: dict, state_only: bool = False) -> Columns:
               if cfg.get("deliver_group") else "Active")
     else:
         c.row("Active Interest", "No interest")
+    if ci.get("paused"):
+        c.row("Paused Until", "%s (%s remaining)" % (_paused_until(ci),
+                                                     _round_s(ci.get("pause_remaining", 0))))
     return c
+
+
+def _round_s(ns) -> str:
+    """Go's Duration.Round(time.Second) as a string: '59m59s', '1h0m0s'."""
+    return go_duration(int(round((ns or 0) / NS)) * NS)
+
+
+def _paused_until(ci: dict) -> str:
+    """The info's timestamp plus what remains of the pause, in local time."""
+    import datetime as dt
+    ts = parse_time(ci.get("ts")) or dt.datetime.now(dt.timezone.utc)
+    until = ts + dt.timedelta(microseconds=(ci.get("pause_remaining") or 0) // 1000)
+    return until.astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
 def show_consumer(ci: dict, as_json: bool = False, state_only: bool = False) -> None:
@@ -604,3 +638,68 @@ async def step_down(rt) -> None:
         lambda: js.request("CONSUMER.LEADER.STEPDOWN.%s.%s" % (stream, name), body,
                            doing="could not step down the leader of %s > %s" % (stream, name)),
         show_consumer, a.force)
+
+
+# ---- pause and resume ---------------------------------------------------------------------
+
+
+def parse_pause_until(text: str):
+    """natscli parsePauseUntil: a 'YYYY-MM-DD HH:MM:SS' time (UTC, as Go's time.Parse
+    reads it) or a duration from now."""
+    import datetime as dt
+    try:
+        return dt.datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S").replace(
+            tzinfo=dt.timezone.utc)
+    except ValueError:
+        pass
+    try:
+        ns = parse_duration(text)
+    except ValueError:
+        raise CLIError("could not parse the pause time as either timestamp or duration") \
+            from None
+    return dt.datetime.now(dt.timezone.utc) + dt.timedelta(microseconds=ns // 1000)
+
+
+def _rfc3339(t) -> str:
+    return t.astimezone(__import__("datetime").timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+async def pause(rt) -> None:
+    """$JS.API.CONSUMER.PAUSE.<stream>.<consumer> with ``pause_until``."""
+    import datetime as dt
+    a = rt.args
+    js, stream, name, _ci = await _load(rt)
+    until = a.until
+    if not until:
+        dflt = (dt.datetime.now() + dt.timedelta(hours=1)).strftime("%Y-%m-%d %H:%M:%S")
+        until = prompt.ask("Pause until (time or duration)", default=dflt, required=True,
+                           flag="a time or duration")
+    ts = parse_pause_until(until)
+    if not a.force and not prompt.confirm("Really pause Consumer %s > %s until %s" % (
+            stream, name, ts.astimezone().strftime("%Y-%m-%d %H:%M:%S")), False):
+        return
+    resp = await js.request("CONSUMER.PAUSE.%s.%s" % (stream, name),
+                            {"pause_until": _rfc3339(ts)},
+                            doing="could not pause Consumer %s > %s" % (stream, name))
+    if not resp.get("paused"):
+        raise CLIError("pause request failed, perhaps due to a time in the past")
+    print("Paused %s > %s until %s (%s)" % (stream, name, local_time(resp.get("pause_until")),
+                                            _round_s(resp.get("pause_remaining", 0))))
+
+
+async def resume(rt) -> None:
+    """The pause request without a time: the consumer delivers again."""
+    a = rt.args
+    js, stream, name, ci = await _load(rt)
+    if not ci.get("paused"):
+        raise CLIError("consumer is not paused")
+    if not a.force and not prompt.confirm("Really resume Consumer %s > %s" % (stream, name),
+                                          False):
+        return
+    resp = await js.request("CONSUMER.PAUSE.%s.%s" % (stream, name), None,
+                            doing="could not resume Consumer %s > %s" % (stream, name))
+    if resp.get("paused"):
+        raise CLIError("pause request failed for an unknown reason")
+    print("Consumer %s > %s was resumed while previously paused until %s"
+          % (stream, name, _paused_until(ci)))

@@ -71,6 +71,11 @@ def register(top) -> None:
     p.add_argument("bucket")
     p.add_argument("key")
     json_flag(p)
+    p = g.command("revert", "Reverts a value to a previous revision using put", revert)
+    p.add_argument("bucket", help="The bucket to act on")
+    p.add_argument("key", help="The key to act on")
+    p.add_argument("revision", type=int, help="The revision to revert to")
+    p.add_argument("--force", action="store_true", help="Force reverting without prompting")
     p = g.command("info", "View the status of a KV store", info, aliases=["view", "status"])
     p.add_argument("bucket", nargs="?", default="", help="The bucket to act on")
     json_flag(p)
@@ -296,14 +301,25 @@ def _created(m) -> str:
     return dt.datetime.fromtimestamp(m.time_ns / NS).strftime("%Y-%m-%d %H:%M:%S")
 
 
-async def history(rt) -> None:
-    a = rt.args
-    await _bucket_info(rt, a.bucket)
+async def _history(rt, bucket: str, key: str) -> list:
+    await _bucket_info(rt, bucket)
     js = await rt.js()
-    msgs = await ordered_read(js, _stream(a.bucket), [_subject(a.bucket, a.key)])
+    msgs = await ordered_read(js, _stream(bucket), [_subject(bucket, key)])
     if not msgs:
         raise CLIError("nats: key not found")
-    if a.json:
+    return msgs
+
+
+def _short(data: bytes) -> str:
+    """natscli's value cell: long values as their first and last 15 characters."""
+    value = data.decode(errors="replace")
+    return value[:15] + "..." + value[-15:] if len(value) > 40 else value
+
+
+async def history(rt) -> None:
+    a = rt.args
+    msgs = await _history(rt, a.bucket, a.key)
+    if getattr(a, "json", False):
         print_json([{"bucket": a.bucket, "key": a.key, "revision": m.seq,
                      "operation": _op(m.headers), "value": m.data.decode(errors="replace")}
                     for m in msgs])
@@ -311,11 +327,33 @@ async def history(rt) -> None:
     t = Table("History for %s > %s" % (a.bucket, a.key),
               ["Key", "Revision", "Op", "Created", "Length", "Value"])
     for m in msgs:
-        value = m.data.decode(errors="replace")
-        if len(value) > 40:
-            value = value[:15] + "..." + value[-15:]
-        t.add(a.key, m.seq, _op(m.headers), _created(m), len(m.data), value)
+        t.add(a.key, m.seq, _op(m.headers), _created(m), len(m.data), _short(m.data))
     t.print()
+
+
+async def revert(rt) -> None:
+    """natscli revertAction: the value of an earlier revision put back with an update
+    on the latest revision (so a concurrent write makes it fail), then the history."""
+    a = rt.args
+    msgs = await _history(rt, a.bucket, a.key)
+    if len(msgs) <= 1:
+        raise CLIError("cannot revert key in a bucket where history=1")
+    old = await _last(rt, a.bucket, a.key, a.revision)
+    if old is None or old["subject"] != _subject(a.bucket, a.key):
+        raise CLIError("nats: key not found")
+    if not a.force:
+        print("Revision: %d\n\n%s\n" % (old["seq"], _short(old["data"])))
+        if not prompt.confirm("Really revert to revision %d" % a.revision, False):
+            return
+    try:
+        await _publish(rt, _subject(a.bucket, a.key), old["data"],
+                       {"Nats-Expected-Last-Subject-Sequence": str(msgs[-1].seq)})
+    except APIError as e:
+        if e.err_code == 10071:
+            raise CLIError("nats: wrong last sequence: %s changed while reverting" % a.key) \
+                from None
+        raise
+    await history(rt)
 
 
 async def info(rt) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
@@ -34,6 +35,12 @@ STATE_FILE = "cluster.json"
 SYS_USER = "admin"
 APP_USER = "app"
 CLUSTER_NAME = "C1"
+# The documentation's system user: its configuration's bcrypt hash is of this password
+# (JetStream clustering, "Server password configuration"), so what an administrator
+# types from the documentation -- --user admin --password 'a very long s3cr3t!
+# password' -- works against a cluster that 'cluster up' started.
+DOC_SYS_PASSWORD = "a very long s3cr3t! password"
+DOC_SYS_HASH = "$2a$11$DRh4C0KNbNnD8K/hb/buWe1zPxEHrLEiDmuq1Mi0rRJiH/W25Qidm"
 
 
 def default_data_dir() -> str:
@@ -54,8 +61,9 @@ def register(top) -> None:
                         "(0 picks free ports)")
     p.add_argument("--name", default="natsjs-cluster",
                    help="Context names to save: NAME and NAME-sys (default natsjs-cluster)")
-    p.add_argument("--sys-password", default="", help="Password of the $SYS admin user "
-                                                      "(default: a random one)")
+    p.add_argument("--sys-password", default="",
+                   help="Password of the $SYS admin user (default: the documentation's, "
+                        "%r; 'random' for a random one)" % DOC_SYS_PASSWORD)
     p.add_argument("--background", "-d", action="store_true",
                    help="Return once the cluster is up; stop it with 'natsjs cluster down'")
     p.add_argument("--server-binary", default="",
@@ -318,12 +326,17 @@ async def up(rt) -> int:
             raise CLIError("a cluster is already running from %s; 'natsjs cluster down "
                            "--data %s' first" % (data, data))
     ports = plan_ports(a.size, a.port)
-    password = a.sys_password
-    while not a.sys_password and (not password or password.startswith("-")):
-        # (a generated one never starts with '-', which reads as an option after
-        # --password)
-        password = secrets.token_urlsafe(12)
-    pw_hash = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=11)).decode()
+    if not a.sys_password:
+        password, pw_hash = DOC_SYS_PASSWORD, DOC_SYS_HASH
+    else:
+        password = a.sys_password
+        if password == "random":
+            password = "-"
+            while password.startswith("-"):
+                # (a generated one never starts with '-', which reads as an option
+                # after --password)
+                password = secrets.token_urlsafe(12)
+        pw_hash = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=11)).decode()
     confs = write_configs(data, a.size, ports, a.jetstream, pw_hash)
     binary = a.server_binary
     state = {"data": data, "jetstream": a.jetstream, "binary": binary or "natsjs-server",
@@ -372,7 +385,8 @@ async def up(rt) -> int:
           % (contexts[0], contexts[1], SYS_USER))
     print("  natsjs --context %s stream ls" % contexts[0])
     print("  natsjs --context %s server report jetstream" % contexts[1])
-    print("  or: --user %s --password %s" % (SYS_USER, password))
+    print("  or: natsjs --user %s --password %s server report jetstream"
+          % (SYS_USER, shlex.quote(password)))
     print("Data, configurations and logs: %s" % data)
     sys.stdout.flush()
     if a.background:

@@ -67,6 +67,10 @@ def register(top) -> None:
     p = g.command("seal", "Seals a bucket preventing further updates", seal)
     p.add_argument("bucket")
     p.add_argument("-f", "--force", action="store_true")
+    p = g.command("watch", "Watch a bucket for changes", watch)
+    p.add_argument("bucket", help="The bucket to act on")
+    p.add_argument("--count", type=int, default=0,
+                   help="Stop after this many changes (natsjs: for scripts)")
 
 
 def _stream(bucket: str) -> str:
@@ -316,3 +320,29 @@ async def seal(rt) -> None:
     cfg["sealed"] = True
     await js.request("STREAM.UPDATE." + cfg["name"], cfg, doing="could not seal bucket")
     print("%s has been sealed" % a.bucket)
+
+
+async def watch(rt) -> None:
+    """natscli's object watch: every metadata message of the bucket, history first
+    (nats.go's IncludeHistory), then what changes, until interrupted."""
+    import datetime as dt
+    a = rt.args
+    await _bucket_info(rt, a.bucket)
+    js = await rt.js()
+
+    async def on_msg(m):
+        try:
+            meta = json.loads(m.data)
+        except ValueError:
+            return
+        when = dt.datetime.fromtimestamp(m.time_ns / NS).strftime("%Y-%m-%d %H:%M:%S")
+        name = meta.get("name", "")
+        if meta.get("deleted"):
+            print("[%s] DEL %s > %s" % (when, a.bucket, name), flush=True)
+        else:
+            print("[%s] PUT %s > %s: %s bytes in %s chunks" % (
+                when, a.bucket, name, ibytes(meta.get("size", 0)),
+                "{:,}".format(meta.get("chunks", 0))), flush=True)
+
+    await ordered_read(js, _stream(a.bucket), ["$O.%s.M.>" % a.bucket], "all", follow=True,
+                       on_msg=on_msg, limit=a.count)

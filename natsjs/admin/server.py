@@ -112,6 +112,9 @@ def register(top) -> None:
     p.add_argument("--top", type=int, default=1000)
     json_flag(p)
 
+    from natsjs.admin import server_report
+    server_report.register(r)
+
     q_ = g.group("request", "Request monitoring data from a specific server", aliases=["req"])
     for name, kind, aliases, help_ in (
             ("jetstream", "JSZ", ["jsz", "js"], "Show JetStream details"),
@@ -749,15 +752,24 @@ async def report_connections(rt) -> None:
         body["filter_subject"] = a.subject
     if a.username:
         body["user"] = a.username
-    got = await _connz(rt, body)
-    conns = []
+    render_connections(a, await _connz(rt, body))
+
+
+def _with_servers(got: list):
     for r in got:
-        srv = r.get("server") or {}
         for c in (r.get("data") or {}).get("connections") or []:
-            conns.append(dict(c, _server=srv.get("name", ""), _cluster=srv.get("cluster", "")))
+            yield c, r.get("server") or {}
+
+
+def render_connections(a, got: list) -> None:
+    """natscli's renderConnections: the top connections of every server's CONNZ answer
+    (``a.sort``, ``a.top``, ``a.json``, ``a.reverse``), then how many each server has."""
     if a.json:
-        print_json(got)
+        # natscli's connInfo: each connection with the server that holds it
+        print_json([dict(c, server=srv) for c, srv in _with_servers(got)])
         return
+    conns = [dict(c, _server=srv.get("name", ""), _cluster=srv.get("cluster", ""))
+             for c, srv in _with_servers(got)]
     key = {"in-bytes": "in_bytes", "out-bytes": "out_bytes", "in-msgs": "in_msgs",
            "out-msgs": "out_msgs", "cid": "cid"}.get(a.sort)
     if key:
@@ -766,6 +778,8 @@ async def report_connections(rt) -> None:
         conns.sort(key=lambda c: c.get("start", ""))
     else:
         conns.sort(key=lambda c: len(c.get("subscriptions_list") or []), reverse=True)
+    if getattr(a, "reverse", False):
+        conns.reverse()
     limit = min(a.top, len(conns)) if a.top > 0 else len(conns)
     t = Table("Top %d Connections out of %s by %s" % (limit, "{:,}".format(len(conns)), a.sort),
               ["CID", "Name", "Server", "Cluster", "IP", "Account", "Uptime", "In Msgs",

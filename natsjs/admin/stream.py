@@ -112,8 +112,9 @@ def register(top) -> None:
     p.add_argument("destination", help="New Stream to create")
     config_flags(p, edit=True)
 
-    from natsjs.admin import backup
+    from natsjs.admin import backup, streamquery
     backup.register_stream(g)
+    streamquery.register(g)
 
     c = g.group("cluster", "Manages a clustered stream", aliases=["c"])
     p = c.command("step-down", "Force a new leader election by standing down the current "
@@ -627,8 +628,14 @@ async def ls(rt) -> None:
     if not infos and not last.get("missing"):
         print("No Streams defined" + (", pass -a to include system streams" if skipped else ""))
         return
-    infos.sort(key=lambda i: (i.get("state") or {}).get("bytes", 0))
-    t = Table("Streams" if not a.subject else "Streams matching %s" % a.subject,
+    streams_table(infos, a.subject)
+    _show_missing(last)
+
+
+def streams_table(infos: list, subject: str = "") -> None:
+    """natscli's renderStreamsAsTable: smallest first, with the last message's age."""
+    infos = sorted(infos, key=lambda i: (i.get("state") or {}).get("bytes", 0))
+    t = Table("Streams" if not subject else "Streams matching %s" % subject,
               ["Name", "Description", "Created", "Messages", "Size", "Last Message"])
     for i in infos:
         st = i.get("state") or {}
@@ -637,7 +644,6 @@ async def ls(rt) -> None:
               local_time(i.get("created")), st.get("messages", 0), ibytes(st.get("bytes", 0)),
               duration(since(last_ts)) if local_time(last_ts) else "never")
     t.print()
-    _show_missing(last)
 
 
 def _show_missing(last: dict) -> None:

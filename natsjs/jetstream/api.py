@@ -776,11 +776,7 @@ class Api:
         if stream.path and not cfg["mem_storage"]:
             await self._save_consumer_meta(stream, c.name, cfg, c.created)
         c.update_config(cfg)
-        out = {"type": T + rtype, "paused": bool(c.paused_until and now_ns() < c.paused_until),
-               "pause_until": cfg["pause_until"] or ZERO_TIME}
-        if out["paused"]:
-            out["pause_remaining"] = c.paused_until - now_ns()
-        return out
+        return pause_response(cfg)
 
     def consumer_names(self, jsa, stream_name: str, body: bytes) -> dict:
         return self._consumer_page(jsa, stream_name, body, "consumer_names_response",
@@ -801,6 +797,18 @@ class Api:
         offset = min(max(req.get("offset", 0), 0), len(names))
         return {"type": T + rtype, "total": len(names), "offset": offset, "limit": limit,
                 "consumers": [render(stream.consumers[n]) for n in names[offset:offset + limit]]}
+
+
+def pause_response(cfg: dict) -> dict:
+    """The consumer_pause_response for a consumer configuration's ``pause_until``."""
+    from natsjs.jetstream.consumer import _pause_ns
+    until = _pause_ns(cfg)
+    now = now_ns()
+    out = {"type": T + "consumer_pause_response", "paused": bool(until and now < until),
+           "pause_until": cfg.get("pause_until") or ZERO_TIME}
+    if out["paused"]:
+        out["pause_remaining"] = until - now
+    return out
 
 
 def required_level(hdr: bytes | None) -> int:

@@ -190,6 +190,8 @@ class MetaState(StateMachine):
             sa = {"acc": op["acc"], "cfg": op["cfg"], "created": op.get("created") or
                   (old or {}).get("created") or now_ns(),
                   "group": op["group"], "reply": op.get("reply"), "subject": op.get("subject")}
+            if op.get("restore"):
+                sa["restore"] = True        # its first leader takes a backup's archive
             self.streams[key] = sa
             return True
         if kind == "stream_del":
@@ -206,6 +208,10 @@ class MetaState(StateMachine):
                                    "created": op.get("created") or
                                    (old or {}).get("created") or now_ns(),
                                    "group": op["group"], "reply": op.get("reply")}
+            # a consumer restored from a backup: every replica starts from that state
+            state = op.get("state") or (old or {}).get("state")
+            if state:
+                self.consumers[key]["state"] = state
             return True
         if kind == "consumer_del":
             self.consumers.pop("%s %s %s" % (op["acc"], op["stream"], op["name"]), None)
@@ -297,6 +303,8 @@ class JetStreamCluster:
             # group): leader step-down and server removal.
             self.js.subscribe(sys_acc, b"$JS.API.META.LEADER.STEPDOWN", self._on_meta_stepdown)
             self.js.subscribe(sys_acc, b"$JS.API.SERVER.REMOVE", self._on_server_remove)
+            # A stream leader's report on the backup it restored (snapshot.ClusterRestore).
+            self.js.subscribe(sys_acc, b"$JSC.RESTORED", self._on_restored)
             nursery.start_soon(self._info_loop)
             nursery.start_soon(self._meta_loop)
             nursery.start_soon(self._membership_watch)
@@ -716,6 +724,36 @@ class JetStreamCluster:
             self.server.log.warn("JetStream cluster: finishing server removals: %r", exc)
         finally:
             self._finishing = False
+
+    def _on_restored(self, sub, subject, reply, hdr, msg) -> None:
+        """``$JSC.RESTORED``: the leader of a stream assigned with a backup to restore
+        says how it went: the archive's consumers to assign, or that it failed (the
+        stream goes).  The meta leader answers once that is applied; the stream's
+        leader asks again until it gets an answer."""
+        if not reply or not self.is_meta_leader():
+            return
+        try:
+            req = json.loads(msg)
+            key = "%s %s" % (req["acc"], req["stream"])
+        except (ValueError, KeyError, TypeError):
+            return
+        self._nursery.start_soon(self._restored, key, req, reply)
+
+    async def _restored(self, key: str, req: dict, reply: bytes) -> None:
+        from natsjs.jetstream.cluster_api import assign_restored_consumers
+        sa = self.state.streams.get(key)
+        try:
+            # Only about the assignment it restored (not a stream made since).
+            if sa is not None and sa["group"]["name"] == req.get("group"):
+                if req.get("failed"):
+                    await self.propose_meta({"op": "stream_del", "acc": sa["acc"],
+                                             "name": sa["cfg"]["name"]})
+                else:
+                    await assign_restored_consumers(self, sa, req.get("leader"),
+                                                    req.get("consumers") or [])
+        except (trio.TooSlowError, NotLeaderError):
+            return
+        self.server.deliver(self.server.system_account, reply, None, b'{"ok":true}')
 
     async def replace_peer(self, peer: str) -> None:
         """Every stream (and its consumers) that had ``peer`` gets another one, placed by

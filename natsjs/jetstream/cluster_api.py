@@ -63,8 +63,7 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
                      "LEADER": "stream_leader_stepdown_response"}[kind]
             return _err(rtype, ApiError.of("JSStreamNotFoundErr"))
         return None
-    if head == "CONSUMER" and ((n == 4 and kind in ("INFO", "PAUSE")) or
-                               (n == 5 and kind == "LEADER")):
+    if head == "CONSUMER" and ((n == 4 and kind == "INFO") or (n == 5 and kind == "LEADER")):
         sname, cname = op[-2], op[-1]
         crep = _consumer_replica(cl, acc, sname, cname)
         if _electing_here(cl, crep):
@@ -73,9 +72,7 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
         if crep is not None and crep.is_leader():
             if kind == "INFO":
                 return {"type": T + "consumer_info_response", **crep.consumer.info()}
-            if kind == "LEADER":
-                return _step_down(crep, "consumer_leader_stepdown_response")
-            return await api.consumer_pause(jsa, sname, cname, body)
+            return _step_down(crep, "consumer_leader_stepdown_response")
         if cl.is_meta_leader():
             if ("%s %s" % (acc, sname)) not in cl.state.streams:
                 err = ApiError.of("JSStreamNotFoundErr")
@@ -83,7 +80,7 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
                 err = ApiError.of("JSConsumerNotFoundErr")
             else:
                 return None
-            rtype = {"INFO": "consumer_info_response", "PAUSE": "consumer_pause_response",
+            rtype = {"INFO": "consumer_info_response",
                      "LEADER": "consumer_leader_stepdown_response"}[kind]
             return _err(rtype, err)
         return None
@@ -110,10 +107,7 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
         if kind == "PEER" and n == 4 and op[2] == "REMOVE":
             return await _peer_remove(api, jsa, op[3], body)
         if kind == "RESTORE" and n == 3:
-            # say so rather than leave the client to time out
-            return _err("stream_restore_response", ApiError.of(
-                "JSStreamRestoreErrF", err="restoring into a clustered JetStream is not "
-                                           "supported by natsjs yet"))
+            return await _stream_restore(api, jsa, op[2], hdr, body, reply)
     if head == "CONSUMER":
         if kind == "CREATE" and n == 3:
             return await _consumer_create(api, jsa, op[2], None, None, body, reply, "ephemeral")
@@ -126,6 +120,8 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
             return await _consumer_delete(api, jsa, op[2], op[3])
         if kind in ("NAMES", "LIST") and n == 3:
             return await _consumer_page(api, jsa, op[2], body, kind == "LIST")
+        if kind == "PAUSE" and n == 4:
+            return await _consumer_pause(api, jsa, op[2], op[3], body)
     return None
 
 
@@ -138,11 +134,13 @@ def _meta_rtype(op: list) -> str | None:
              ("STREAM", "NAMES"): "stream_names_response",
              ("STREAM", "LIST"): "stream_list_response",
              ("STREAM", "PEER"): "stream_remove_peer_response",
+             ("STREAM", "RESTORE"): "stream_restore_response",
              ("CONSUMER", "CREATE"): "consumer_create_response",
              ("CONSUMER", "DURABLE"): "consumer_create_response",
              ("CONSUMER", "DELETE"): "consumer_delete_response",
              ("CONSUMER", "NAMES"): "consumer_names_response",
-             ("CONSUMER", "LIST"): "consumer_list_response"}
+             ("CONSUMER", "LIST"): "consumer_list_response",
+             ("CONSUMER", "PAUSE"): "consumer_pause_response"}
     if op == ["INFO"]:
         return "account_info_response"
     return table.get((head, kind))
@@ -254,7 +252,6 @@ def _check_context(api, cl, jsa, pedantic: bool) -> SC.CheckContext:
 
 
 async def _stream_create(api, jsa, name: str, body: bytes, reply):
-    from natsjs.jetstream.cluster import group_name
     cl = api.js.cluster
     rtype = "stream_create_response"
     try:
@@ -284,26 +281,72 @@ async def _stream_create(api, jsa, name: str, body: bytes, reply):
             if info is None:
                 raise ApiError.of("JSClusterNotAvailErr")
             return {"type": T + rtype, **info, "did_create": True}
-        lim = jsa.limits
-        count = sum(1 for sa in cl.state.streams.values() if sa["acc"] == jsa.name)
-        if lim.max_streams > 0 and count >= lim.max_streams:
-            raise ApiError.of("JSMaximumStreamsLimitErr")
-        for sa in cl.state.streams.values():
-            if sa["acc"] != jsa.name:
-                continue
-            for a in cfg["subjects"] or []:
-                if any(SC.subjects_collide(a, b) for b in sa["cfg"]["subjects"] or []):
-                    raise ApiError.of("JSStreamSubjectOverlapErr")
-        peers = cl.place(cfg)
-        group = {"name": group_name("S", len(peers), cfg["storage"]), "peers": peers}
-        await cl.propose_meta({"op": "stream", "acc": jsa.name, "cfg": cfg, "group": group,
-                               "created": now_ns(),
-                               "reply": reply.decode() if reply else None})
+        await _assign_new_stream(cl, jsa, cfg, reply)
     except ApiError as err:
         return _err(rtype, err)
     except trio.TooSlowError:
         return _err(rtype, ApiError.of("JSClusterNotAvailErr"))
     return None     # the stream's first leader answers
+
+
+async def _assign_new_stream(cl, jsa, cfg: dict, reply, restore: bool = False) -> None:
+    """The account's limits and the other streams' subjects allow it: place a new
+    stream and propose its assignment."""
+    from natsjs.jetstream.cluster import group_name
+    lim = jsa.limits
+    count = sum(1 for sa in cl.state.streams.values() if sa["acc"] == jsa.name)
+    if lim.max_streams > 0 and count >= lim.max_streams:
+        raise ApiError.of("JSMaximumStreamsLimitErr")
+    for sa in cl.state.streams.values():
+        if sa["acc"] != jsa.name:
+            continue
+        for a in cfg["subjects"] or []:
+            if any(SC.subjects_collide(a, b) for b in sa["cfg"]["subjects"] or []):
+                raise ApiError.of("JSStreamSubjectOverlapErr")
+    peers = cl.place(cfg)
+    group = {"name": group_name("S", len(peers), cfg["storage"]), "peers": peers}
+    op = {"op": "stream", "acc": jsa.name, "cfg": cfg, "group": group, "created": now_ns(),
+          "reply": reply.decode() if reply else None}
+    if restore:
+        op["restore"] = True
+    await cl.propose_meta(op)
+
+
+async def _stream_restore(api, jsa, name: str, hdr, body: bytes, reply):
+    """server/jetstream_cluster.go jsClusteredStreamRestoreRequest: the meta leader
+    checks the request and assigns the stream with a restore to do; the group's first
+    leader answers with the subject for the archive (snapshot.ClusterRestore)."""
+    from natsjs.jetstream import snapshot
+    cl = api.js.cluster
+    try:
+        cfg = snapshot.check_restore_request(api, jsa, name, hdr, body,
+                                             _check_context(api, cl, jsa, False))
+        if ("%s %s" % (jsa.name, name)) in cl.state.streams:
+            raise ApiError.of("JSStreamNameExistRestoreFailedErr")
+        await _assign_new_stream(cl, jsa, cfg, reply, restore=True)
+    except ApiError as err:
+        return snapshot.restore_error(api, err)
+    except trio.TooSlowError:
+        return snapshot.restore_error(api, ApiError.of("JSClusterNotAvailErr"))
+    return None
+
+
+async def assign_restored_consumers(cl, sa: dict, leader, consumers: list) -> None:
+    """The consumers a restored stream's archive held, with their state, on the
+    stream's peers (its leader first)."""
+    from natsjs.jetstream.cluster import group_name
+    stream = sa["cfg"]["name"]
+    for c in consumers:
+        if ("%s %s %s" % (sa["acc"], stream, c["name"])) in cl.state.consumers:
+            continue
+        cfg = CC.blank_config()
+        cfg.update(c["config"])
+        peers = _consumer_peers(cfg, sa["group"]["peers"], [leader] if leader else [])
+        group = {"name": group_name("C", len(peers), sa["cfg"]["storage"]), "peers": peers}
+        await cl.propose_meta({"op": "consumer", "acc": sa["acc"], "stream": stream,
+                               "name": c["name"], "cfg": cfg, "group": group,
+                               "created": c.get("created") or now_ns(),
+                               "state": c["state"]})
 
 
 async def _stream_update(api, jsa, name: str, body: bytes):
@@ -605,6 +648,42 @@ async def _consumer_page(api, jsa, stream: str, body: bytes, full: bool):
             infos.append(info)
     out["consumers"] = infos
     return out
+
+
+async def _consumer_pause(api, jsa, stream: str, name: str, body: bytes):
+    """server/jetstream_api.go jsConsumerPauseRequest in a cluster: the meta leader
+    proposes the consumer's assignment with the new ``pause_until``, so every replica
+    (and whichever leads next) pauses alike."""
+    from natsjs.jetstream.api import PAUSE_REQUEST, pause_response
+    cl = api.js.cluster
+    rtype = "consumer_pause_response"
+    try:
+        req = api._decode(body, PAUSE_REQUEST)
+        if ("%s %s" % (jsa.name, stream)) not in cl.state.streams:
+            raise ApiError.of("JSStreamNotFoundErr")
+        ca = cl.state.consumers.get("%s %s %s" % (jsa.name, stream, name))
+        if ca is None:
+            raise ApiError.of("JSConsumerNotFoundErr")
+        cfg = dict(ca["cfg"])
+        cfg["pause_until"] = req.get("pause_until") or ""
+        CC.set_static_metadata(cfg)
+        await cl.propose_meta({"op": "consumer", "acc": jsa.name, "stream": stream,
+                               "name": name, "cfg": cfg, "group": ca["group"],
+                               "created": ca["created"]})
+    except ApiError as err:
+        return api._err(rtype, err)
+    except trio.TooSlowError:
+        return api._err(rtype, ApiError.of("JSClusterNotAvailErr"))
+    # Answer once the consumer's leader runs with it, so the info a client asks for
+    # next shows the pause (or its end); nats-server answers on proposing.
+    want = cfg["pause_until"]
+    with trio.move_on_after(2.0):
+        while True:
+            info = await _consumer_info(cl, jsa.name, stream, name, timeout=1.0)
+            if info is not None and (info.get("config") or {}).get("pause_until", "") == want:
+                break
+            await trio.sleep(0.02)
+    return pause_response(cfg)
 
 
 def on_consumer_info_request(cl, sub, subject, reply, hdr, msg) -> None:

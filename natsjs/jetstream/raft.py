@@ -103,6 +103,10 @@ OP_SNAPSHOT_INSTALL = "snapshot-install"  # (.., index, term, peers, size): the 
                                       # snapshot is complete; it replaces the whole log
 
 # Peer replication states on the leader.
+# A leadership hand-over asks again this many times in all before the leader carries on
+# (a lost TimeoutNow must not leave `stream cluster step-down` waiting in vain).
+TRANSFER_TRIES = 3
+
 PROBE = 0       # one append at a time until the follower's match point is found
 REPLICATE = 1   # pipelined: batches sent optimistically, up to max_inflight unacked
 SNAPSHOT = 2    # the follower needs entries we compacted: send the snapshot in chunks
@@ -260,6 +264,8 @@ class RaftNode:
         self._leader_first = 0               # index of this leader's no-op entry
         self._transfer_to: str | None = None
         self._transfer_deadline = 0.0
+        self._transfer_tries = 0             # hand-over attempts left
+        self._transfer_chosen = False        # the caller named the target
         self._learners: set[str] = set()     # peers being caught up before they vote
         self.restoring = False               # the state machine lacks its snapshot's state
         self._handlers = {MSG_APPEND: self._on_append, MSG_APPEND_RESP: self._on_append_resp,
@@ -417,15 +423,39 @@ class RaftNode:
         others = [p for p in self.voters if p != self.id and p in self._progress]
         if not others:
             raise ValueError("no voter to transfer leadership to")
-        if to is None:
-            to = max(sorted(others), key=lambda p: self._progress[p].match)
-        elif to not in others:
+        if to is not None and to not in others:
             raise ValueError("%s is not a voter" % to)
+        self._transfer_chosen = to is not None
+        self._transfer_tries = TRANSFER_TRIES
+        return self._hand_over(to or max(sorted(others), key=lambda p: self._progress[p].match))
+
+    def _hand_over(self, to: str) -> str:
+        """Ask ``to`` to campaign now (once it has every entry: see _on_append_resp)."""
         self._transfer_to = to
         self._transfer_deadline = self.now + self.cfg.election_timeout_max
         if self._progress[to].match == self.last_index:
             self._send(to, encode_message(MSG_TIMEOUT_NOW, 0, self.term, self._sender))
         return to
+
+    def _retry_transfer(self) -> None:
+        """The target did not take over in time (its TimeoutNow or the election it
+        started went missing, or it is slow): ask again, another caught-up voter if the
+        caller did not name one, until the tries run out; then carry on leading."""
+        failed = self._transfer_to
+        self._transfer_to = None
+        self._transfer_tries -= 1
+        if self._transfer_tries <= 0:
+            return
+        others = [p for p in self.voters if p != self.id and p in self._progress]
+        if not others:
+            return
+        if self._transfer_chosen and failed in others:
+            to = failed
+        else:
+            best = max(self._progress[p].match for p in others)
+            ready = sorted(p for p in others if self._progress[p].match == best)
+            to = next((p for p in ready if p != failed), ready[0])
+        self._hand_over(to)
 
     def add_peer(self, peer: str) -> None:
         """Start adding ``peer``: it is caught up first as a non-voting learner (snapshot
@@ -654,6 +684,7 @@ class RaftNode:
             self._save_hard_state()
             self._verified = 0
             self._acked = 0
+        handing_over = self.role == LEADER and self._transfer_to is not None
         self._set_role(FOLLOWER)
         self._set_leader(leader)
         self._progress = {}
@@ -663,6 +694,11 @@ class RaftNode:
         if leader is not None:
             self._last_leader_contact = self.now
         self._reset_election_timer()
+        if handing_over:
+            # A leader that handed over waits a full timeout longer before standing
+            # again: should its chosen successor's election fail, another peer (not
+            # the one asked to step down) is the likely winner.
+            self._election_deadline += self.cfg.election_timeout_max
 
     def _campaign(self, pre: bool, transfer: bool = False) -> None:
         flags = FLAG_TRANSFER if transfer else 0
@@ -962,7 +998,7 @@ class RaftNode:
         now = self.now
         cfg = self.cfg
         if self._transfer_to is not None and now >= self._transfer_deadline:
-            self._transfer_to = None  # the target did not take over in time: carry on
+            self._retry_transfer()
         if now - self._leader_since >= cfg.election_timeout_max:
             active = 1 if self.id in self.voters else 0
             for peer in self.voters:

@@ -209,6 +209,12 @@ class ReplicatedStream(_Replica):
         storage = RaftStorage(log, files)
         transport, self._inbox = cluster.transport.attach(self.group)
         self.catch_up_to = None        # last sequence a snapshot says we must fetch up to
+        self._held: list = []          # entries after a 'restored' one, until caught up
+        # A stream assigned with a backup to restore (snapshot.ClusterRestore): settled
+        # once the group's log says it was restored.
+        self.restore_settled = False
+        self._restore = None           # the restore this leader runs
+        self._snapshot_after_catch_up = False
         self._collect = None           # (datas, replies) of the batch being proposed
         # The store goes back to where the last snapshot says it was (restore(), called
         # by the service when there is one; empty otherwise); the log after that point
@@ -245,8 +251,10 @@ class ReplicatedStream(_Replica):
                                  self.acc_name, self.name)
             stream._rebuild_state()
             stream.lseq = stream.store.last_seq
-            stream._subscribe_capture()
-            if not self._answered_create and self.sa.get("reply"):
+            if not self.awaiting_restore():
+                stream._subscribe_capture()
+            if not self._answered_create and self.sa.get("reply") and \
+                    not self.sa.get("restore"):
                 self._answered_create = True
                 self._answer_create()
         else:
@@ -337,7 +345,7 @@ class ReplicatedStream(_Replica):
     def apply(self, entries: list) -> None:
         stream = self.stream
         replies = []
-        for index, term, data in entries:
+        for i, (index, term, data) in enumerate(entries):
             kind = data[:1]
             if kind == E_BATCH:
                 self._since_snapshot += self._apply_records(data, self._replies.pop(index, None),
@@ -359,7 +367,15 @@ class ReplicatedStream(_Replica):
                 if stream._sdm is not None:
                     stream._sdm.forget_gone()
             elif kind == E_OP:
-                result = self._apply_op(json.loads(data[1:]))
+                op = json.loads(data[1:])
+                if op.get("op") == "restored":
+                    self._since_snapshot += 1
+                    if self._follow_restore(op, index):
+                        # What comes after waits until the restored messages are here.
+                        self._held.extend(entries[i + 1:])
+                        break
+                    continue
+                result = self._apply_op(op)
                 slot = self._waiters.get(index)
                 if slot is not None:
                     slot[1] = result
@@ -432,8 +448,11 @@ class ReplicatedStream(_Replica):
 
     def _state(self) -> dict:
         st = self.stream.store.state()
-        return {"first_seq": st["first_seq"], "last_seq": st["last_seq"],
-                "messages": st["messages"]}
+        out = {"first_seq": st["first_seq"], "last_seq": st["last_seq"],
+               "messages": st["messages"]}
+        if self.restore_settled:
+            out["restored"] = True
+        return out
 
     async def _snapshot(self) -> None:
         """Make the store durable, then let the log forget what it holds."""
@@ -492,6 +511,8 @@ class ReplicatedStream(_Replica):
             state = json.loads(storage.snapshot_bytes() or b"{}")
         except ValueError:
             state = {}
+        if state.get("restored"):
+            self.restore_settled = True
         last = state.get("last_seq")
         if last is None:
             return None
@@ -513,12 +534,98 @@ class ReplicatedStream(_Replica):
         await catchup.fetch(self)
 
     def caught_up(self) -> None:
-        """The store holds (durably) what the snapshot described: count this member."""
+        """The store holds (durably) what the snapshot or a 'restored' entry described:
+        apply what waited for it, and count this member again."""
         self.catch_up_to = None
         stream = self.stream
         stream.lseq = stream.synced_seq = stream.store.last_seq
         stream._rebuild_state()         # the duplicate window, as the others judge it
+        held, self._held = self._held, []
+        if held and not self.closed:
+            self.apply(held)
         self.raft.restored()
+        if self._snapshot_after_catch_up and not self.closed and not self._snapshotting:
+            # Restored messages are in no log entry: only a snapshot keeps them.
+            self._snapshot_after_catch_up = False
+            self._snapshotting = True
+            self.js.spawn(self._snapshot)
+
+    # ---- restoring a backup (snapshot.ClusterRestore) ----------------------------------------
+
+    def awaiting_restore(self) -> bool:
+        """Assigned with a backup to restore that the group's log does not say is in."""
+        return bool(self.sa.get("restore")) and not self.restore_settled
+
+    def _follow_restore(self, op: dict, index: int) -> bool:
+        """The ``restored`` entry: the leader already has the messages; a follower
+        fetches them from it.  True while catching up (later entries wait)."""
+        self.restore_settled = True
+        slot = self._waiters.get(index)
+        if slot is not None:
+            slot[1] = True
+            slot[0].set()
+        store = self.stream.store
+        if store.last_seq >= op["last_seq"]:
+            return False
+        self._snapshot_after_catch_up = True
+        # Not counted until it holds the restored messages (RaftNode.set_restoring).
+        self.raft.node.set_restoring(True)
+        if self.catch_up_to is None:
+            self.js.spawn(self._catch_up)
+        self.catch_up_to = max(self.catch_up_to or 0, op["last_seq"])
+        return True
+
+    async def restored(self, consumers: list) -> None:
+        """The leader filled its store from the archive: tell the group, make it
+        durable here, then have the meta leader assign the archive's consumers."""
+        stream = self.stream
+        store = stream.store
+        stream.lseq = stream.synced_seq = store.last_seq
+        stream._rebuild_state()
+        try:
+            await self.propose_op({"op": "restored", "last_seq": store.last_seq}, timeout=10.0)
+        except NotLeader:
+            raise ApiError.of("JSClusterNotAvailErr") from None
+        while self._snapshotting:
+            await trio.sleep(0.05)
+        self._snapshotting = True
+        await self._snapshot()
+        if consumers:
+            await self._assign_restored_consumers(consumers)
+        self._restore = None
+        if self.is_leader() and not self.closed:
+            stream._subscribe_capture()
+            stream.lead_sourcing(True)
+
+    async def _assign_restored_consumers(self, consumers: list) -> None:
+        cluster = self.cluster
+        payload = {"acc": self.acc_name, "stream": self.name, "group": self.group,
+                   "leader": cluster.me,
+                   "consumers": [{"name": c["name"], "config": c["config"],
+                                  "created": c.get("created"), "state": c["state"]}
+                                 for c in consumers]}
+        with trio.move_on_after(20.0):
+            while not self.closed:
+                if await cluster.request(b"$JSC.RESTORED", payload, 2.0) is not None:
+                    break
+            # ... and until they run here, so the answer counts them
+            while not self.closed and any(c["name"] not in self.stream.consumers
+                                          for c in consumers):
+                await trio.sleep(0.05)
+
+    def restore_failed(self) -> None:
+        """The restore did not complete: the meta leader removes the stream."""
+        self._restore = None
+        if not self.closed:
+            self.js.spawn(self._report_restore_failed)
+
+    async def _report_restore_failed(self) -> None:
+        payload = {"acc": self.acc_name, "stream": self.name, "group": self.group,
+                   "failed": True}
+        with trio.move_on_after(20.0):
+            while not self.closed:
+                if await self.cluster.request(b"$JSC.RESTORED", payload, 2.0) is not None:
+                    return
 
     # ---- membership and lifecycle ----------------------------------------------------------
 
@@ -532,7 +639,13 @@ class ReplicatedStream(_Replica):
             self.reconcile_members()
 
     def leader_ready(self, term: int) -> None:
-        self.stream.lead_sourcing(True)      # from what every earlier term wrote
+        if self.awaiting_restore():
+            if self._restore is None:
+                from natsjs.jetstream.snapshot import ClusterRestore
+                self._restore = ClusterRestore(self)
+                self._restore.start()
+        else:
+            self.stream.lead_sourcing(True)      # from what every earlier term wrote
         self.reconcile_members()
         self.js.api.unpark(self)
 
@@ -594,8 +707,10 @@ class ReplicatedConsumer(_Replica):
         os.makedirs(self.path, exist_ok=True)
         write_json_atomic(os.path.join(self.path, META),
                           {"config": ca["cfg"], "created": ca["created"], "group": ca["group"]})
+        # A consumer restored from a backup starts from the state the archive had.
+        state = ConsumerState.from_json(ca["state"]) if ca.get("state") else None
         self.consumer = Consumer(stream, ca["cfg"], self.name, ca["created"],
-                                 ReplicaStateStore(self))
+                                 ReplicaStateStore(self), state)
         self.consumer.replica = self
         self.consumer._leading = False
         files = DirFiles(os.path.join(self.path, "raft"))

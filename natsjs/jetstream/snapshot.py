@@ -370,38 +370,48 @@ def _restore_schema():
     return RESTORE_REQUEST
 
 
+def check_restore_request(api, jsa, name: str, hdr, body: bytes, context) -> dict:
+    """The checks of server/jetstream_api.go jsStreamRestoreRequest, common to a single
+    server and a cluster's meta leader: the configuration to restore (raises ApiError)."""
+    from natsjs.jetstream.api import required_level
+    if required_level(hdr) > SC.API_LEVEL:
+        raise ApiError.of("JSRequiredApiLevelErr")
+    if not body.strip():
+        raise ApiError.of("JSBadRequestErr")
+    req = api._decode(body, _restore_schema())
+    cfg = SC.from_request(req.get("config") or {})
+    if not cfg["name"]:
+        cfg["name"] = name
+    if cfg["name"] != name:
+        raise ApiError.of("JSStreamMismatchErr")
+    if "\\" in name or "/" in name:
+        raise ApiError.of("JSStreamNameContainsPathSeparatorsErr")
+    return SC.check_stream_config(cfg, context)
+
+
+def restore_error(api, err: ApiError) -> dict:
+    out = api._err("stream_restore_response", err)
+    out["deliver_subject"] = ""
+    return out
+
+
 def restore_request(api, jsa, name: str, hdr, body: bytes) -> dict:
     """server/jetstream_api.go jsStreamRestoreRequest: check, then open a subject for
     the archive."""
-    rtype = "stream_restore_response"
-    from natsjs.jetstream.api import required_level
-
-    def err(e: ApiError) -> dict:
-        out = api._err(rtype, e)
-        out["deliver_subject"] = ""
-        return out
     try:
-        if required_level(hdr) > SC.API_LEVEL:
-            raise ApiError.of("JSRequiredApiLevelErr")
-        if not body.strip():
-            raise ApiError.of("JSBadRequestErr")
-        req = api._decode(body, _restore_schema())
-        cfg = SC.from_request(req.get("config") or {})
-        if not cfg["name"]:
-            cfg["name"] = name
-        if cfg["name"] != name:
-            raise ApiError.of("JSStreamMismatchErr")
-        if "\\" in name or "/" in name:
-            raise ApiError.of("JSStreamNameContainsPathSeparatorsErr")
-        cfg = SC.check_stream_config(cfg, api._check_context(jsa))
+        cfg = check_restore_request(api, jsa, name, hdr, body, api._check_context(jsa))
         jsa.check_new_stream(cfg)
         if name in jsa.streams:
             raise ApiError.of("JSStreamNameExistRestoreFailedErr")
     except ApiError as e:
-        return err(e)
+        return restore_error(api, e)
     session = _Restore(api, jsa, cfg)
     session.start()
-    return {"type": T + rtype, "deliver_subject": session.subject.decode()}
+    return restore_answer(session)
+
+
+def restore_answer(session) -> dict:
+    return {"type": T + "stream_restore_response", "deliver_subject": session.subject.decode()}
 
 
 class _Restore:
@@ -455,6 +465,7 @@ class _Restore:
                             # Nobody to answer: the client is gone.
                             self.server.log.warn("restore for stream '%s > %s' is stalled",
                                                  self.jsa.name, self.name)
+                            self.abandoned()
                             return
                         continue
                     reply, data = self.queue.pop(0)
@@ -477,6 +488,9 @@ class _Restore:
             self._unsubscribe()
             await trio.to_thread.run_sync(shutil.rmtree, self.tmp, True)
         self._finish(reply, err, stream)
+
+    def abandoned(self) -> None:
+        """The client went away before the end: nothing was made, nothing to undo."""
 
     def _unsubscribe(self) -> None:
         if self.sub is not None:
@@ -513,22 +527,26 @@ class _Restore:
             self.server.deliver(acc, reply, None,
                                 json.dumps(resp, separators=(",", ":")).encode())
 
+    async def _checked(self, archive: str) -> ArchiveReader:
+        """Pass one over the archive: every checksum, the digest and the counts, before
+        anything is made of it."""
+        reader = ArchiveReader()
+        await self._read(archive, reader, lambda *m: None)
+        reader.finish()
+        if reader.meta.get("config", {}).get("name") != self.cfg["name"]:
+            raise ArchiveError("stream names do not match")
+        return reader
+
     async def _install(self, archive: str):
         """Check the whole archive, then make the stream and its consumers."""
         jsa = self.jsa
         cfg = self.cfg
-        reader = ArchiveReader()
-        # Pass one: every checksum, the digest and the counts, before anything exists.
-        await self._read(archive, reader, lambda *m: None)
-        reader.finish()
-        meta = reader.meta
-        if meta.get("config", {}).get("name") != cfg["name"]:
-            raise ArchiveError("stream names do not match")
+        reader = await self._checked(archive)
         if cfg["name"] in jsa.streams or cfg["name"] in _installing(self.api):
             raise ApiError.of("JSStreamNameExistRestoreFailedErr")
         _installing(self.api).add(cfg["name"])
         try:
-            return await self._build(archive, meta, reader)
+            return await self._build(archive, reader.meta, reader)
         finally:
             _installing(self.api).discard(cfg["name"])
 
@@ -542,6 +560,28 @@ class _Restore:
                 reader.feed(s2.feed(data), on_msg)
                 await trio.lowlevel.checkpoint()
         s2.finish()
+
+    async def fill(self, store, archive: str, meta: dict) -> None:
+        """The archive's messages into an empty ``store``, up to the stream's last
+        sequence (what it had deleted at its end still counts), made durable."""
+        cfg = self.cfg
+        added = [0]
+        limit = _storage_room(self.jsa, cfg)
+
+        def on_msg(seq, subj, hdr, msg, ts):
+            store.append(subj, hdr, msg, ts, seq)
+            added[0] += len(subj) + len(hdr or b"") + len(msg)
+            if added[0] > limit:
+                raise ApiError.of("JSStorageResourcesExceededErr" if cfg["storage"] == "file"
+                                  else "JSMemoryResourcesExceededErr")
+        await self._read(archive, ArchiveReader(), on_msg)
+        last = int(meta.get("last_seq") or 0)
+        if last > store.last_seq:
+            store.append(b"_", None, b"", int(meta.get("last_ts") or 0), last)
+            store.remove(last)
+        s = store.begin_sync()
+        await trio.to_thread.run_sync(s.run)
+        store.mark_synced(s)
 
     async def _build(self, archive: str, meta: dict, first_pass: ArchiveReader):
         from natsjs.jetstream.consumer import Consumer
@@ -558,25 +598,8 @@ class _Restore:
         first = int(meta.get("first_seq") or 1)
         store = open_message_log(os.path.join(path, MSGS) if path else None,
                                  dict(cfg, first_seq=first))
-        added = [0]
-        limit = _storage_room(jsa, cfg)
-
-        def on_msg(seq, subj, hdr, msg, ts):
-            store.append(subj, hdr, msg, ts, seq)
-            added[0] += len(subj) + len(hdr or b"") + len(msg)
-            if added[0] > limit:
-                raise ApiError.of("JSStorageResourcesExceededErr" if cfg["storage"] == "file"
-                                  else "JSMemoryResourcesExceededErr")
         try:
-            await self._read(archive, ArchiveReader(), on_msg)
-            last = int(meta.get("last_seq") or 0)
-            if last > store.last_seq:
-                # What the stream had deleted at its end still counts in its sequence.
-                store.append(b"_", None, b"", int(meta.get("last_ts") or 0), last)
-                store.remove(last)
-            s = store.begin_sync()
-            await trio.to_thread.run_sync(s.run)
-            store.mark_synced(s)
+            await self.fill(store, archive, meta)
         except BaseException:
             store.close()
             if path:
@@ -607,6 +630,45 @@ class _Restore:
                         "io.nats.jetstream.advisory.v1.consumer_action",
                         {"stream": cfg["name"], "consumer": cname, "action": "create"}, acc)
         return stream
+
+
+class ClusterRestore(_Restore):
+    """A restore into a clustered JetStream (server/jetstream_cluster.go: the meta
+    leader assigns the stream with its restore request; the group's first leader takes
+    the archive).  Here that leader fills its replica's empty store, then commits a
+    ``restored`` entry to the group's log: every follower that applies it fetches what
+    it misses from the leader (natsjs/jetstream/catchup.py), so each replica ends up
+    with the same messages.  The archive's consumers are then assigned by the meta
+    leader with their state.  On failure the stream's assignment is removed."""
+
+    def __init__(self, rep):
+        super().__init__(rep.js.api, rep.jsa, rep.stream.cfg)
+        self.rep = rep
+
+    def start(self) -> None:
+        super().start()
+        # The answer to the restore request the meta leader took: where to send.
+        reply = self.rep.sa.get("reply")
+        if reply:
+            self.server.deliver(self.jsa.account, reply.encode(), None,
+                                json.dumps(restore_answer(self)).encode())
+
+    async def _install(self, archive: str):
+        reader = await self._checked(archive)
+        rep = self.rep
+        if rep.closed or not rep.is_leader():
+            raise ApiError.of("JSClusterNotAvailErr")
+        await self.fill(rep.stream.store, archive, reader.meta)
+        await rep.restored(reader.consumers)
+        return rep.stream
+
+    def abandoned(self) -> None:
+        self.rep.restore_failed()
+
+    def _finish(self, reply, err, stream) -> None:
+        super()._finish(reply, err, stream)
+        if err is not None:
+            self.rep.restore_failed()
 
 
 def _installing(api) -> set:
@@ -643,4 +705,4 @@ def _write_consumer(d: str, cfg: dict, created: int) -> None:
 
 
 __all__ = ["snapshot_request", "restore_request", "archive_records", "ArchiveReader",
-           "ArchiveError"]
+           "ArchiveError", "ClusterRestore", "check_restore_request", "restore_error"]
