@@ -475,7 +475,7 @@ def test_a_node_that_lost_acknowledged_entries_repairs_before_it_votes():
     assert hf.log.damage(random.Random(1), seq=index - 10)
     sim.hosts[lead].crash()
     hf.start()
-    assert hf.node.repairing and not hf.node.may_stand()
+    assert hf.node.repairing and not hf.node.promotable()
     sim.net.heal()
     sim.run_for(3.0)                       # many election timeouts: g campaigns, f refuses
     assert leader(sim) is None and hf.node.repairing and node(sim, g).vote != f
@@ -521,4 +521,4 @@ def test_the_first_leader_writes_the_voters_into_the_log():
     hf.bootstrap = ()
     hf.start()
     assert hf.node.voters == voters and hf.node.repairing
-    assert sim.run_for(3.0, until=lambda: hf.node.may_stand())
+    assert sim.run_for(3.0, until=lambda: hf.node.promotable())

@@ -422,7 +422,7 @@ def test_a_service_over_damaged_files_starts_repairing(tmp_path):
         svc = RaftService("a", RaftStorage(FileLog(str(tmp_path / "log")),
                                            DirFiles(str(tmp_path))),
                           transport, fsm, peers=PEERS)
-        assert svc.node.repairing and not svc.node.may_stand()
+        assert svc.node.repairing and not svc.node.promotable()
         svc.storage.close()
 
     trio.run(main)

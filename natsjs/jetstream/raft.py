@@ -310,14 +310,12 @@ class RaftNode:
         the state machine is the group's latest and may act as the leader."""
         return self.role == LEADER and self.applied >= self._leader_first > 0
 
-    def promotable(self) -> bool:
-        return self.may_stand()
 
     def committed_voters(self) -> tuple:
         """The voters of the latest committed configuration this node knows."""
         return self._config_at(self.commit)
 
-    def may_stand(self) -> bool:
+    def promotable(self) -> bool:
         """A voter that may campaign: not repairing its log and not restoring a
         snapshot's state."""
         return self.id in self.voters and not self.repairing and not self.restoring
@@ -348,7 +346,7 @@ class RaftNode:
         if self.role == LEADER:
             self._tick_leader()
         elif now >= self._election_deadline:
-            if self.may_stand():
+            if self.promotable():
                 self._campaign(pre=True)
             else:
                 self._reset_election_timer()
@@ -846,7 +844,7 @@ class RaftNode:
 
     def _on_timeout_now(self, m: Message) -> None:
         # the leader hands over: campaign at once, skipping the pre-vote and the lease
-        if self.role == FOLLOWER and self.may_stand():
+        if self.role == FOLLOWER and self.promotable():
             self._campaign(pre=False, transfer=True)
 
     def _heard_leader(self, leader: str) -> None:
