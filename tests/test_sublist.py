@@ -140,8 +140,9 @@ def test_stats_fanout_over_cached_results():
     for i in range(3):
         sl.insert(Subscription(b"a.b", sid=b"%d" % i))
     sl.insert(Subscription(b"a.*", b"q", b"9"))
-    sl.match(b"a.b")          # 3 plain + 1 queue group
-    sl.match(b"a.c")          # 1 queue group
+    for _ in range(2):        # a subject's result is cached when it is matched again
+        sl.match(b"a.b")      # 3 plain + 1 queue group
+        sl.match(b"a.c")      # 1 queue group
     st = sl.stats()
     assert st["max_fanout"] == 4
     assert st["avg_fanout"] == 2.5
@@ -210,3 +211,16 @@ def test_queue_and_plain_mix_matches_naive(ops, subjs):
             got_q = {m for g in r.qsubs for m in g}
             assert got_q == {x for x in want if x.queue is not None}
     assert set(sl.subscriptions()) == set(live) and sl.count == len(live)
+
+
+def test_subjects_matched_once_are_not_cached():
+    """Reply inboxes are matched once each: their results must not fill the cache (nor
+    keep the collector busy), while a subject matched again is cached."""
+    sl = Sublist(cache_max=64)
+    sl.insert(Subscription(b"_INBOX.x.*", sid=b"1"))
+    for i in range(1000):
+        assert len(sl.match(b"_INBOX.x.%d" % i).psubs) == 1
+    assert sl.cache_size() == 0
+    first = sl.match(b"_INBOX.x.999")
+    assert sl.cache_size() == 1
+    assert sl.match(b"_INBOX.x.999") is first

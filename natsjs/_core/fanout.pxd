@@ -119,6 +119,14 @@ cdef class RouteCore(Conn):
     # The server at the other end (the route itself until registered): a message goes
     # to each peer once, even while its interest sits on two of its connections.
     cdef public object peer
+    # The last message's account and subject with what they matched (as ClientCore's
+    # lookup): a batch of deliveries to one inbox is matched once.
+    cdef bytes last_acc
+    cdef Sublist last_acc_sl
+    cdef bytes last_rsubject
+    cdef SublistResult last_rresult
+    cdef Sublist last_rsublist
+    cdef unsigned long long last_rgen
     cdef int write_rmsg(self, const unsigned char* acc, Py_ssize_t alen,
                         const unsigned char* subj, Py_ssize_t slen,
                         const unsigned char* reply, Py_ssize_t rlen,

@@ -570,6 +570,39 @@ cdef class ClientCore(Conn):
         self.pa.size = PyBytes_GET_SIZE(msg)
         self.process_msg(<const unsigned char*>PyBytes_AS_STRING(msg))
 
+    def publish_replies(self, list replies, bytes prefix):
+        """Publish each ``(subject, out)`` of ``replies`` with no reply subject and no
+        header: ``out`` is the message, or an int ``seq`` sent as ``prefix`` +
+        decimal ``seq`` + ``}`` (a stream's PubAcks for a batch, natsjs/jetstream/
+        stream.py), formatted here without a Python object per message."""
+        cdef Py_ssize_t plen = PyBytes_GET_SIZE(prefix)
+        cdef bytearray scratch = bytearray(plen + 24)
+        cdef char* buf = PyByteArray_AS_STRING(scratch)
+        cdef char* p
+        cdef bytes subject
+        cdef Py_ssize_t v, nd
+        memcpy(buf, PyBytes_AS_STRING(prefix), plen)
+        self.pa.reply = NULL
+        self.pa.reply_len = 0
+        self.pa.account = NULL
+        self.pa.queues = NULL
+        self.pa.hdr = -1
+        for item in replies:
+            subject = <bytes>(<tuple>item)[0]
+            out = (<tuple>item)[1]
+            self.pa.subject = <const unsigned char*>PyBytes_AS_STRING(subject)
+            self.pa.subject_len = PyBytes_GET_SIZE(subject)
+            if type(out) is int:
+                v = out
+                nd = _ndigits(v)
+                p = _put_int(buf + plen, v, nd)
+                p[0] = c'}'
+                self.pa.size = plen + nd + 1
+                self.process_msg(<const unsigned char*>buf)
+            else:
+                self.pa.size = PyBytes_GET_SIZE(<bytes>out)
+                self.process_msg(<const unsigned char*>PyBytes_AS_STRING(<bytes>out))
+
     def publish_deliver(self, bytes subject, bytes shown, bytes reply, Py_ssize_t hdr,
                         bytes msg):
         """Publish on ``subject`` a message subscribers see as ``shown`` (a JetStream
@@ -850,17 +883,38 @@ cdef class RouteCore(Conn):
         cdef SublistResult r
         cdef Subscription sub
         cdef list group
-        cdef bytes acc, qnames
+        cdef bytes acc, qnames, s
         if self.pinned_account is not None:
             acc = self.pinned_account
+            sl = self.sublists.get(acc)
         else:
-            acc = PyBytes_FromStringAndSize(<const char*>self.pa.account, self.pa.account_len)
-        sl = self.sublists.get(acc)
+            acc = self.last_acc
+            if acc is not None and PyBytes_GET_SIZE(acc) == self.pa.account_len and \
+                    memcmp(PyBytes_AS_STRING(acc), self.pa.account, self.pa.account_len) == 0 \
+                    and self.sublists.get(acc) is self.last_acc_sl:
+                sl = self.last_acc_sl
+            else:
+                acc = PyBytes_FromStringAndSize(<const char*>self.pa.account,
+                                                self.pa.account_len)
+                sl = self.sublists.get(acc)
+                self.last_acc = acc
+                self.last_acc_sl = sl
         self.in_msgs += 1
         self.in_bytes += self.pa.size
         if sl is None:
             return 0   # an account this server does not have: nobody here to deliver to
-        r = sl.match(PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len))
+        s = self.last_rsubject
+        if s is not None and self.last_rsublist is sl and self.last_rgen == sl.genid \
+                and PyBytes_GET_SIZE(s) == self.pa.subject_len \
+                and memcmp(PyBytes_AS_STRING(s), self.pa.subject, self.pa.subject_len) == 0:
+            r = self.last_rresult
+        else:
+            s = PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len)
+            r = sl.match(s)
+            self.last_rsubject = s
+            self.last_rresult = r
+            self.last_rsublist = sl
+            self.last_rgen = sl.genid
         self.dsubj = NULL
         if self.pa.reply != NULL and self.pa.reply_len > 8 and \
                 memcmp(self.pa.reply, b"$JS.ACK.", 8) == 0:

@@ -39,6 +39,7 @@ cdef class _Node:
 cdef class Sublist:
     cdef _Level root
     cdef dict cache
+    cdef dict seen                   # subjects matched once, not cached yet
     cdef public unsigned long long genid
     cdef public Py_ssize_t count
     cdef public Py_ssize_t cache_max

@@ -212,12 +212,26 @@ cdef void _add_all(_Node node, list out):
             out.extend(members)
 
 
+cdef inline void _bounded(dict d, Py_ssize_t cap):
+    """Make room in ``d``: at ``cap`` entries the oldest quarter goes, rather than
+    everything, so hot subjects that are added again stay cheap (nats-server prunes its
+    cache in the same spirit)."""
+    cdef Py_ssize_t k
+    if len(d) < cap:
+        return
+    for k, s in enumerate(list(d)):
+        if k >= cap // 4:
+            break
+        del d[s]
+
+
 cdef class Sublist:
     """Subscriptions of one account (or of the server's internal clients)."""
 
     def __init__(self, Py_ssize_t cache_max=1024):
         self.root = _Level()
         self.cache = {}
+        self.seen = {}
         self.genid = 0
         self.count = 0
         self.cache_max = cache_max
@@ -398,14 +412,17 @@ cdef class Sublist:
         groups = {}
         _match_level(self.root, subject.split(b"."), 0, psubs, groups)
         r = SublistResult(psubs, list(groups.values()))
-        if len(self.cache) >= self.cache_max:
-            # Drop the oldest quarter rather than everything: hot subjects that are
-            # re-added stay cheap (nats-server prunes its cache in the same spirit).
-            for k, s in enumerate(list(self.cache)):
-                if k >= self.cache_max // 4:
-                    break
-                del self.cache[s]
-        self.cache[subject] = r
+        # A result is cached the second time its subject is matched.  Subjects seen
+        # once are mostly unique (reply inboxes: every request, every PubAck); caching
+        # them would keep each result alive through the young collections only to be
+        # pruned from the old generation later, which with one per message is where a
+        # route's time went.  ``seen`` holds bytes only, which the collector ignores.
+        if self.seen.pop(subject, 0) is None:
+            _bounded(self.cache, self.cache_max)
+            self.cache[subject] = r
+        else:
+            _bounded(self.seen, self.cache_max)
+            self.seen[subject] = None
         return r
 
     def subscriptions(self):
@@ -435,6 +452,7 @@ cdef class Sublist:
         """Forget every subscription (a server that has stopped)."""
         self.root = _Level()
         self.cache = {}
+        self.seen = {}
         self.genid += 1
         self.count = 0
 

@@ -457,12 +457,9 @@ class Stream:
         if not replies:
             return
         pub = self.js.publisher(self.jsa.account)
-        prefix = self._pub_ack_prefix
         try:
-            for reply, out in replies:
-                if out.__class__ is int:        # a sequence from the C capture
-                    out = prefix + b"%d}" % out
-                pub(reply, None, out)
+            # an int is a sequence from the C capture: its PubAck is formatted in C
+            pub.core.publish_replies(replies, self._pub_ack_prefix)
         finally:
             pub.done()
 
