@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import trio
 
 from natsjs._core.filelog import FileLog
@@ -100,12 +101,15 @@ async def propose_pipelined(svc, payloads, window=2000):
     return last
 
 
-def test_three_services_replicate_restart_and_catch_up(tmp_path):
+@pytest.mark.parametrize("inline", [False, True], ids=["queued", "inline"])
+def test_three_services_replicate_restart_and_catch_up(tmp_path, inline):
+    """``inline``: messages are stepped in the sender's task when the receiver is free
+    (RaftService.receive, as the server's transport does), else queued."""
     config = RaftConfig(snapshot_chunk=64 * 1024)
     result = {}
 
     async def main():
-        net = LocalNetwork()
+        net = LocalNetwork(inline=inline)
         members = [Member(net, tmp_path, p, config) for p in PEERS]
         async with trio.open_nursery() as nursery:
             for m in members:

@@ -69,6 +69,7 @@ class Transport:
         self.cluster = cluster
         self.server = cluster.server
         self.inboxes: dict[str, trio.MemorySendChannel] = {}
+        self.services: dict = {}      # group -> RaftService (RaftService.receive)
         self.dropped = 0
 
     def install(self) -> None:
@@ -83,6 +84,7 @@ class Transport:
         return GroupTransport(self, group), recv
 
     def detach(self, group: str) -> None:
+        self.services.pop(group, None)
         ch = self.inboxes.pop(group, None)
         if ch is not None:
             ch.close()
@@ -92,6 +94,9 @@ class Transport:
         ch = self.inboxes.get(group)
         if ch is None:
             self.dropped += 1
+            return
+        svc = self.services.get(group)
+        if svc is not None and svc.receive(msg):
             return
         try:
             ch.send_nowait(msg)
@@ -120,6 +125,9 @@ class GroupTransport:
 
     def send(self, peer: str, data: bytes) -> None:
         self._t.send(self._group, peer, data)
+
+    def bind(self, service) -> None:
+        self._t.services[self._group] = service
 
 
 class NodeInfo:
@@ -544,7 +552,8 @@ class JetStreamCluster:
         storage = RaftStorage(log, files)
         transport, inbox = self.transport.attach(META)
         self.meta = RaftService(self.me, storage, transport, self.state,
-                                peers=peers or (), config=RaftConfig(), fsync=self.js.fsync)
+                                peers=peers or (), config=RaftConfig(), fsync=self.js.fsync,
+                                fsync_submit=self.js.fsync_submit)
         self.report_damage("the meta group", storage)
         if peers == []:
             self._nursery.start_soon(self._ask_to_join)

@@ -226,7 +226,6 @@ class JetStream:
         self._syncer = None
         self.cluster = None          # JetStreamCluster when the server is clustered
         self._fsync_waiters: dict = {}
-        self._fsync_errors: dict = {}
 
     # ---- start-up -----------------------------------------------------------------------
 
@@ -356,31 +355,46 @@ class JetStream:
     async def fsync(self, sync) -> None:
         """Make a store's Sync durable on the fsync thread (natsjs/_core/syncer.pyx);
         OSError when the disk refused it."""
+        done = trio.Event()
+        errs = []
+
+        def finished(s, err: int) -> None:
+            errs.append(err)
+            done.set()
+
+        self.fsync_submit(sync, finished)
+        await done.wait()
+        if errs[0]:
+            raise OSError(errs[0], os.strerror(errs[0]))
+
+    def fsync_submit(self, sync, on_done) -> None:
+        """Start making ``sync`` durable and return at once; ``on_done(sync, errno)``
+        is called from the task that collects the fsync thread's completions (errno 0:
+        durable).  Raft's driver starts its syncs this way, without a task hop."""
         if sync.files == 0:
             sync.run()          # nothing written: no system call, nothing to wait for
+            on_done(sync, 0)
             return
-        done = trio.Event()
-        self._fsync_waiters[id(sync)] = done
+        self._fsync_waiters[id(sync)] = on_done
         try:
             self._syncer.submit(sync)
         except BaseException:
             del self._fsync_waiters[id(sync)]
             raise
-        await done.wait()
-        err = self._fsync_errors.pop(id(sync), 0)
-        if err:
-            raise OSError(err, os.strerror(err))
 
     async def _collect_fsyncs(self) -> None:
         syncer = self._syncer
+        log = self.server.log
         while True:
             await trio.lowlevel.wait_readable(syncer.fd)
             for s, err in syncer.collect():
-                if err:
-                    self._fsync_errors[id(s)] = err
-                ev = self._fsync_waiters.pop(id(s), None)
-                if ev is not None:
-                    ev.set()
+                cb = self._fsync_waiters.pop(id(s), None)
+                if cb is None:
+                    continue
+                try:
+                    cb(s, err)
+                except Exception as exc:    # one waiter's bug must not stop the others
+                    log.error("JetStream fsync completion failed: %r", exc)
 
     def spawn(self, fn, *args) -> None:
         self._nursery.start_soon(fn, *args)

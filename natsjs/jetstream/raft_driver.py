@@ -476,8 +476,12 @@ class LocalNetwork:
     slow consumer), and what arrives is fed to the node.
     """
 
-    def __init__(self, capacity: int = 65536):
+    def __init__(self, capacity: int = 65536, inline: bool = False):
+        """``inline``: a message is stepped in the sending task when the receiving
+        service is free (``RaftService.receive``), as the server's transport does."""
         self._capacity = capacity
+        self._inline = inline
+        self._services: dict = {}
         self._inboxes: dict[str, trio.MemorySendChannel] = {}
         self.blocked: set[tuple[str, str]] = set()   # (from, to) pairs cut off
         self.dropped = 0
@@ -489,6 +493,7 @@ class LocalNetwork:
         return LocalTransport(self, node_id), recv
 
     def detach(self, node_id: str) -> None:
+        self._services.pop(node_id, None)
         ch = self._inboxes.pop(node_id, None)
         if ch is not None:
             ch.close()
@@ -497,6 +502,9 @@ class LocalNetwork:
         ch = self._inboxes.get(dst)
         if ch is None or (src, dst) in self.blocked:
             self.dropped += 1
+            return
+        svc = self._services.get(dst)
+        if svc is not None and svc.receive(data):
             return
         try:
             ch.send_nowait(data)
@@ -513,6 +521,10 @@ class LocalTransport:
 
     def send(self, peer: str, data: bytes) -> None:
         self._net._deliver(self.id, peer, data)
+
+    def bind(self, service) -> None:
+        if self._net._inline:
+            self._net._services[self.id] = service
 
 
 # ---- the driver -----------------------------------------------------------------------
@@ -545,7 +557,7 @@ class RaftService:
 
     def __init__(self, node_id: str, storage: RaftStorage, transport, fsm: StateMachine,
                  *, peers=(), config: RaftConfig | None = None, seed=None,
-                 tick_interval: float | None = None, fsync=None):
+                 tick_interval: float | None = None, fsync=None, fsync_submit=None):
         """``fsync`` is an async callable that makes a log ``Sync`` durable and raises
         OSError when the disk refuses; the server passes JetStream's fsync thread
         (``Engine.fsync``, natsjs/_core/syncer.pyx), which needs no GIL hand-offs.  The
@@ -570,10 +582,22 @@ class RaftService:
                              repair=storage.repair)
         self.node.set_restoring(restoring)
         self._lock = trio.Lock()
-        self._want_sync = trio.Event()
         self._wake = trio.Event()
         self._sync_idle = trio.Event()
         self._sync_idle.set()
+        self._sync_retry = trio.Event()
+        self._syncing = None         # the log Sync being fsynced
+        self._sync_wanted = False    # entries appended since it began
+        self._log_busy = False       # a truncation or snapshot in a thread
+        self._driving = False        # effects being carried out in a caller's task
+        self._carry = None           # a Ready taken there that waits for the flush task
+        self._failure = None         # what went wrong there, for the flush task to raise
+        self._nursery = None
+        self._inbox = None
+        self._fsync_submit = fsync_submit
+        bind = getattr(transport, "bind", None)
+        if bind is not None:
+            bind(self)      # messages for us may be stepped in the receiving task
         self._applied_changed = trio.Event()
         self.applied = self.node.applied
         self.syncs = 0
@@ -616,6 +640,11 @@ class RaftService:
         index = self.node.propose_many(datas)
         self._wake.set()
         return index
+
+    def kick(self) -> None:
+        """Carry out what the proposals just made need (append, send) in the caller's
+        task when nothing is under way; the flush task does it otherwise."""
+        self._drive_now()
 
     def restored(self) -> None:
         """The state machine now holds what the snapshot it restored describes (its
@@ -661,11 +690,21 @@ class RaftService:
         await self._applied_changed.wait()
 
     # -- tasks
+    #
+    # The hot path runs in the task that caused the work, not in a task of its own:
+    # a proposal, a message off the route and an fsync's completion each carry the
+    # node's effects out at once (``_drive_now``) when no task is in the middle of
+    # effects that wait (a thread: hard state, truncation, snapshots).  Each hop through
+    # another task costs a pass of the event loop, and a publish with a quorum fsync
+    # crosses some ten of them without this; under load a pass is a few hundred
+    # microseconds.  The tasks below remain for what must wait, and for timers.
 
     async def run(self, inbox, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled.  ``inbox`` yields the bytes other nodes sent us."""
+        self._inbox = inbox
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._recv_loop, inbox)
                 nursery.start_soon(self._tick_loop, inbox)
                 nursery.start_soon(self._sync_loop)
@@ -681,7 +720,20 @@ class RaftService:
                 raise
         finally:
             self.closed = True
+            self._nursery = None
             self._notify()
+
+    def receive(self, data) -> bool:
+        """A message from another node, stepped in the caller's task (the route's
+        reader) when nothing is under way; False: the caller queues it on the inbox
+        instead.  Nothing is taken here while the inbox holds messages, so they are
+        stepped in the order they came."""
+        if not self._may_drive_now() or \
+                self._inbox.statistics().current_buffer_used:
+            return False
+        self.node.step(data, trio.current_time())
+        self._drive_now()
+        return True
 
     async def _recv_loop(self, inbox) -> None:
         node = self.node
@@ -718,39 +770,103 @@ class RaftService:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
+            if self._failure is not None:
+                exc, self._failure = self._failure, None
+                raise exc
             async with self._lock:
                 await self._drive()
 
+    # -- durability: one fsync at a time, covering everything appended before it began
+
+    def _want_sync_now(self) -> None:
+        """Entries were appended: start an fsync now, or after the one running."""
+        if self._syncing is not None or self._log_busy or self._nursery is None:
+            self._sync_wanted = True
+            return
+        self._sync_wanted = False
+        s = self.storage.begin_sync()
+        self._syncing = s
+        self._sync_idle = trio.Event()
+        if self._fsync_submit is not None:
+            self._fsync_submit(s, self._sync_done)
+        else:
+            self._nursery.start_soon(self._await_sync, s)
+
+    async def _await_sync(self, s) -> None:
+        err = 0
+        try:
+            await self._fsync(s)
+        except OSError as exc:
+            err = exc.errno or -1
+        self._sync_done(s, err)
+
+    def _sync_done(self, s, err: int) -> None:
+        """The fsync ``s`` finished (``err`` 0: durable): tell the node, start the next."""
+        self._syncing = None
+        self._sync_idle.set()
+        if self.closed:
+            return
+        self.node.persisted(self.storage.finish_sync(s))
+        if err:
+            # Nothing was acknowledged; the log writes the unsynced bytes again on the
+            # next sync, which the sync task retries at a calm pace.
+            self.sync_errors += 1
+            self._sync_retry.set()
+        else:
+            self.syncs += 1
+            if self._sync_wanted:
+                self._want_sync_now()
+        if not self._drive_now():
+            self._wake.set()
+
     async def _sync_loop(self) -> None:
-        storage = self.storage
         while True:
-            await self._want_sync.wait()
-            self._want_sync = trio.Event()
-            async with self._lock:
-                s = storage.begin_sync()
-                self._sync_idle = trio.Event()
-            failed = False
-            try:
-                await self._fsync(s)
-            except OSError:
-                failed = True
-            finally:
-                self._sync_idle.set()
-            async with self._lock:
-                self.syncs += 1
-                self.node.persisted(storage.finish_sync(s))
-                await self._drive()
-            if failed:
-                # nothing was acknowledged; the log writes the unsynced bytes again on
-                # the next sync, which we retry at a calm pace
-                self.sync_errors += 1
-                self._want_sync.set()
-                await trio.sleep(self.cfg.heartbeat_interval)
+            await self._sync_retry.wait()
+            self._sync_retry = trio.Event()
+            await trio.sleep(self.cfg.heartbeat_interval)
+            if self._syncing is None:
+                self._sync_wanted = True
+                async with self._lock:
+                    self._want_sync_now()
 
     # -- effects
 
+    def _may_drive_now(self) -> bool:
+        return not (self._lock.locked() or self._driving or self._carry is not None
+                    or self.closed or self._nursery is None)
+
+    def _drive_now(self) -> bool:
+        """Carry out the node's effects in the caller's task (see "tasks" above).
+        False when that cannot be done here: then a task does it."""
+        if not self._may_drive_now():
+            return False
+        self._driving = True
+        try:
+            while True:
+                r = self.node.ready()
+                if not r:
+                    return True
+                if r.hard_state is not None or any(op[0] != OP_APPEND for op in r.ops):
+                    # needs a thread: the flush task takes it, under the lock
+                    self._carry = r
+                    self._wake.set()
+                    return True
+                self._effects(r)
+                if not r.more:
+                    return True
+        except BaseException as exc:
+            # The service's task raises it, as if it had happened there.
+            self._failure = exc
+            self._wake.set()
+            return True
+        finally:
+            self._driving = False
+
     async def _drive(self) -> None:
         """Carry out the node's effects until it has none (lock held)."""
+        if self._carry is not None:
+            r, self._carry = self._carry, None
+            await self._execute(r)
         while True:
             r = self.node.ready()
             if not r:
@@ -763,20 +879,40 @@ class RaftService:
         storage = self.storage
         if r.hard_state is not None:
             await trio.to_thread.run_sync(storage.save_hard_state, *r.hard_state)
-        for op in r.ops:
-            if op[0] == OP_APPEND:
+        if any(op[0] != OP_APPEND for op in r.ops):
+            for op in r.ops:
+                if op[0] == OP_APPEND:
+                    storage.append(op[1], op[2])
+                else:
+                    # truncation, snapshots: never while an fsync is running on the
+                    # log, and none starts until they are done
+                    self._log_busy = True
+                    try:
+                        while self._syncing is not None:
+                            await self._sync_idle.wait()
+                        await trio.to_thread.run_sync(storage.apply_op, op)
+                    finally:
+                        self._log_busy = False
+            if self._sync_wanted or \
+                    any(op[0] in (OP_APPEND, OP_TRUNCATE, OP_SNAPSHOT_INSTALL) for op in r.ops):
+                self._want_sync_now()
+            r.ops = []
+        self._effects(r)
+
+    def _effects(self, r) -> None:
+        """What of a Ready needs no waiting: appends, messages, applies."""
+        if r.ops:
+            storage = self.storage
+            for op in r.ops:
                 storage.append(op[1], op[2])
-            else:
-                # truncation, snapshots: never while an fsync is running on the log
-                await self._sync_idle.wait()
-                await trio.to_thread.run_sync(storage.apply_op, op)
-            if op[0] in (OP_APPEND, OP_TRUNCATE, OP_SNAPSHOT_INSTALL):
-                self._want_sync.set()
         send = self.transport.send
         for peer, data in r.messages:
             send(peer, data)
+        if r.ops:
+            # after the sends: the followers write while this log is fsynced
+            self._want_sync_now()
         if r.restore is not None:
-            self.node.set_restoring(self.fsm.restore(storage, *r.restore) is False)
+            self.node.set_restoring(self.fsm.restore(self.storage, *r.restore) is False)
         if r.committed:
             self.fsm.apply(r.committed)
         for index, peers in r.membership:

@@ -220,7 +220,8 @@ class ReplicatedStream(_Replica):
         # by the service when there is one; empty otherwise); the log after that point
         # is applied again.
         self.raft = RaftService(cluster.me, storage, transport, self, peers=self.peers,
-                                config=RaftConfig(), fsync=self.js.fsync)
+                                config=RaftConfig(), fsync=self.js.fsync,
+                                fsync_submit=self.js.fsync_submit)
         cluster.report_damage(repr(self), storage)
         if storage.snapshot is None:
             self._reset_store(None)
@@ -718,7 +719,8 @@ class ReplicatedConsumer(_Replica):
         storage = RaftStorage(log, files)
         transport, self._inbox = cluster.transport.attach(self.group)
         self.raft = RaftService(cluster.me, storage, transport, self, peers=self.peers,
-                                config=RaftConfig(), fsync=self.js.fsync)
+                                config=RaftConfig(), fsync=self.js.fsync,
+                                fsync_submit=self.js.fsync_submit)
         cluster.report_damage(repr(self), storage)
         stream.add_consumer(self.consumer)
         self.js.spawn(self._run)

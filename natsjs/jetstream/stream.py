@@ -347,6 +347,7 @@ class Stream:
                 self._batch_ts = now_ns()
                 if batch:
                     self.replica.propose_batch(batch)
+                self.replica.raft.kick()
                 await trio.lowlevel.checkpoint()
                 continue
             batch = self._inbox
