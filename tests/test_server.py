@@ -270,3 +270,21 @@ def test_a_client_leaves_the_reactor_for_a_task_and_goes_on():
         await b.ping()
         assert ca.closed_reason == "Client Closed"
     trio.run(serving, server, test)
+
+
+def test_the_reactor_backs_off_spins_that_find_nothing():
+    """After a read the reactor waits a moment for the next one (Reactor.SPIN); a
+    client that sends one PING at a time and waits for each PONG (here in this very
+    process, so nothing can arrive during a spin) makes spins miss, and each miss
+    leaves the next 1, 3, 7 ... wake-ups without one."""
+    server, log = new_server()
+
+    async def test():
+        c = await Conn.open(server)
+        r = server.reactor
+        r.spin_hits = r.spin_misses = 0
+        for _ in range(20):
+            await c.ping()
+        assert r.spin_hits == 0
+        assert 1 <= r.spin_misses <= 6, r.spin_misses
+    trio.run(serving, server, test)
