@@ -219,9 +219,16 @@ def _wait_cluster(nodes: list[NodePlan], topology: Topology, deadline: float,
     """Wait for the full route mesh (and a JetStream meta leader) through the monitoring
     port; a server without /routez gets a fixed settle time instead."""
     want = topology.nodes - 1
+    # A monitoring port that does not answer yet is a server still starting: asked
+    # again for a while before it is taken for one without /routez (once, a JetStream
+    # run began before its meta group had formed that way).
+    unanswered_until = min(deadline, time.monotonic() + 5.0)
     while time.monotonic() < deadline:
         routez = [_http_json(nd.http_port, "/routez") for nd in nodes]
         if any(r is None for r in routez):
+            if time.monotonic() < unanswered_until:
+                time.sleep(0.1)
+                continue
             time.sleep(settle_s)
             return
         if all(r.get("num_routes", 0) >= want for r in routez):
@@ -231,6 +238,9 @@ def _wait_cluster(nodes: list[NodePlan], topology: Topology, deadline: float,
         while time.monotonic() < deadline:
             hz = _http_json(nodes[0].http_port, "/healthz")
             if hz is None:
+                if time.monotonic() < unanswered_until:
+                    time.sleep(0.1)
+                    continue
                 return
             if hz.get("status") == "ok" and (topology.nodes == 1 or _meta_complete(nodes)):
                 return
