@@ -335,6 +335,19 @@ class Connection:
     # ---- reading ---------------------------------------------------------------
 
     async def _read_loop(self) -> None:
+        # The reactor stops a spin when this connection has something to read (a
+        # route's PubAcks must not wait for a client that waits for them).
+        reactor = self.server.reactor
+        fd = self.sock.fileno() if reactor is not None and self.sock is not None else -1
+        if fd >= 0:
+            reactor.watch(fd)
+        try:
+            await self._reads()
+        finally:
+            if fd >= 0:
+                reactor.unwatch(fd)
+
+    async def _reads(self) -> None:
         t = self.transport
         core = self.core
         server = self.server
@@ -697,6 +710,10 @@ class Reactor:
     def __init__(self, spin: float | None = None):
         self.spin = self.SPIN if spin is None else spin
         self._epoll = select.epoll()
+        # What a spin waits on: the reactor's own sockets, and the descriptors that
+        # tasks wait on (``watch``), which end it.
+        self._spin_ep = select.epoll()
+        self._spin_ep.register(self._epoll.fileno(), select.EPOLLIN)
         self._conns: dict[int, Connection] = {}
         self._buf = bytearray(self.BUF)
         self._backoff = 0
@@ -708,6 +725,19 @@ class Reactor:
         self._epoll.register(fd, select.EPOLLIN)
         self._conns[fd] = conn
         conn._reactor = self
+
+    def watch(self, fd: int) -> None:
+        """Input on ``fd`` (served by a task) ends a spin."""
+        try:
+            self._spin_ep.register(fd, select.EPOLLIN)
+        except (OSError, ValueError):       # already watched, closed, or stopped
+            pass
+
+    def unwatch(self, fd: int) -> None:
+        try:
+            self._spin_ep.unregister(fd)
+        except (OSError, ValueError):
+            pass
 
     def remove(self, conn: Connection) -> None:
         fd = conn.sock.fileno()
@@ -724,6 +754,8 @@ class Reactor:
         buf = self._buf
         try:
             spin = self.spin
+            spin_ep = self._spin_ep
+            efd = epoll.fileno()
             clock = time.perf_counter
             stats = trio.lowlevel.current_statistics
             skip = 0
@@ -741,18 +773,20 @@ class Reactor:
                 if stats().tasks_runnable:
                     continue
                 end = clock() + spin
-                evs = None
+                ready = None
                 while clock() < end:
-                    evs = epoll.poll(0)
-                    if evs:
+                    ready = spin_ep.poll(0)
+                    if ready:
                         break
-                if not evs:
+                if not ready:
                     self.spin_misses += 1
                     skip = self._backoff = min(self._backoff * 2 + 1, 255)
                     continue
+                if len(ready) > 1 or ready[0][0] != efd:
+                    continue        # a watched descriptor: its task goes first
                 self.spin_hits += 1
                 self._backoff = 0
-                for fd, _ in evs:
+                for fd, _ in epoll.poll(0):
                     conn = conns.get(fd)
                     if conn is not None:
                         conn.on_readable(buf)
@@ -764,6 +798,7 @@ class Reactor:
                 conn.closed_reason = conn.closed_reason or SERVER_SHUTDOWN
                 conn._teardown()
             epoll.close()
+            self._spin_ep.close()
 
 
 class Pinger:

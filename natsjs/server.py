@@ -200,6 +200,10 @@ class Server:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                # Made now, run once clients may come: routes and JetStream started
+                # before then register what ends its spins (Reactor.watch).
+                reactor = Reactor()
+                self.reactor = reactor
                 if opts.http_port:
                     from natsjs import monitor
                     await nursery.start(monitor.serve, self)
@@ -216,8 +220,7 @@ class Server:
                     await nursery.start(self.cluster.run)
                 self._accept_scope = trio.CancelScope()
                 nursery.start_soon(self.pinger.run)
-                self.reactor = Reactor()
-                nursery.start_soon(self.reactor.run)
+                nursery.start_soon(reactor.run)
                 nursery.start_soon(self._accept_loop, lsock)
                 log.info("Server is ready")
                 self.ready.set()

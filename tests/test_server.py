@@ -288,3 +288,30 @@ def test_the_reactor_backs_off_spins_that_find_nothing():
         assert r.spin_hits == 0
         assert 1 <= r.spin_misses <= 6, r.spin_misses
     trio.run(serving, server, test)
+
+
+def test_a_spin_ends_when_a_descriptor_a_task_waits_on_has_input():
+    """Input on a descriptor served by a task (a route, the fsync thread's eventfd:
+    Reactor.watch) ends a spin at once, neither a hit nor a miss: that task runs
+    first."""
+    server, log = new_server()
+
+    async def test():
+        c = await Conn.open(server)
+        r = server.reactor
+        a, b = socket.socketpair()
+        try:
+            r.watch(a.fileno())
+            b.send(b"x")                    # never read: the descriptor stays ready
+            r.spin_hits = r.spin_misses = 0
+            for _ in range(5):
+                await c.ping()
+            assert (r.spin_hits, r.spin_misses) == (0, 0)
+            r.unwatch(a.fileno())
+            for _ in range(5):
+                await c.ping()
+            assert r.spin_misses >= 1
+        finally:
+            a.close()
+            b.close()
+    trio.run(serving, server, test)

@@ -385,6 +385,8 @@ class JetStream:
     async def _collect_fsyncs(self) -> None:
         syncer = self._syncer
         log = self.server.log
+        if self.server.reactor is not None:
+            self.server.reactor.watch(syncer.fd)    # a finished fsync ends a spin
         while True:
             await trio.lowlevel.wait_readable(syncer.fd)
             for s, err in syncer.collect():
