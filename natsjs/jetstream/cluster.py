@@ -96,7 +96,9 @@ class Transport:
             self.dropped += 1
             return
         svc = self.services.get(group)
-        if svc is not None and svc.receive(msg):
+        if svc is not None:
+            if not svc.receive(msg):
+                self.dropped += 1
             return
         try:
             ch.send_nowait(msg)

@@ -21,6 +21,7 @@ input, so the node's read-only view of the log is always current.
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import random
@@ -504,7 +505,9 @@ class LocalNetwork:
             self.dropped += 1
             return
         svc = self._services.get(dst)
-        if svc is not None and svc.receive(data):
+        if svc is not None:
+            if not svc.receive(data):
+                self.dropped += 1
             return
         try:
             ch.send_nowait(data)
@@ -552,6 +555,11 @@ class StateMachine:
         """A configuration entry (the voters ``peers``) committed at ``index``."""
 
 
+# Messages ``RaftService.receive`` holds while the node is busy, at most (as the inboxes'
+# channels: past it, like a slow consumer's, they are dropped and Raft sends again).
+QUEUE_MAX = 65536
+
+
 class RaftService:
     """Runs one RaftNode: timers, message intake, fsync with group commit, effects."""
 
@@ -594,6 +602,8 @@ class RaftService:
         self._failure = None         # what went wrong there, for the flush task to raise
         self._nursery = None
         self._inbox = None
+        self._queued = collections.deque()  # received while busy (``receive``)
+        self._queued_ev = trio.Event()
         self._fsync_submit = fsync_submit
         bind = getattr(transport, "bind", None)
         if bind is not None:
@@ -706,6 +716,7 @@ class RaftService:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._recv_loop, inbox)
+                nursery.start_soon(self._queue_loop)
                 nursery.start_soon(self._tick_loop, inbox)
                 nursery.start_soon(self._sync_loop)
                 nursery.start_soon(self._flush_loop)
@@ -724,16 +735,35 @@ class RaftService:
             self._notify()
 
     def receive(self, data) -> bool:
-        """A message from another node, stepped in the caller's task (the route's
-        reader) when nothing is under way; False: the caller queues it on the inbox
-        instead.  Nothing is taken here while the inbox holds messages, so they are
-        stepped in the order they came."""
-        if not self._may_drive_now() or \
-                self._inbox.statistics().current_buffer_used:
-            return False
+        """A message from another node (the route's reader calls this): stepped here
+        when nothing is under way, else queued for ``_queue_loop``.  Messages are
+        stepped in the order they came: none is stepped here while earlier ones wait in
+        the queue.  (The inbox channel is no place for them: a task that has taken a
+        message from a channel has not stepped it yet, and one stepped here meanwhile
+        would overtake it.)  False: the queue is full and the message is dropped, as a
+        slow consumer's would be."""
+        if self._queued or not self._may_drive_now():
+            if len(self._queued) >= QUEUE_MAX or self.closed:
+                return False
+            self._queued.append(data)
+            self._queued_ev.set()
+            return True
         self.node.step(data, trio.current_time())
         self._drive_now()
         return True
+
+    async def _queue_loop(self) -> None:
+        node = self.node
+        queued = self._queued
+        while True:
+            await self._queued_ev.wait()
+            self._queued_ev = trio.Event()
+            async with self._lock:
+                now = trio.current_time()
+                while queued:
+                    node.step(queued.popleft(), now)
+                node.tick(now)
+                await self._drive()
 
     async def _recv_loop(self, inbox) -> None:
         node = self.node
