@@ -748,10 +748,18 @@ class Reactor:
             except (OSError, ValueError):     # closed socket, or the reactor stopped
                 pass
 
+    def _serve(self, events) -> None:
+        """One read, parsed and flushed, for each ready connection."""
+        conns = self._conns
+        buf = self._buf
+        for fd, _ in events:
+            conn = conns.get(fd)
+            if conn is not None:
+                conn.on_readable(buf)
+
     async def run(self) -> None:
         epoll = self._epoll
         conns = self._conns
-        buf = self._buf
         try:
             spin = self.spin
             spin_ep = self._spin_ep
@@ -761,10 +769,7 @@ class Reactor:
             skip = 0
             while True:
                 await trio.lowlevel.wait_readable(epoll.fileno())
-                for fd, _ in epoll.poll(0):
-                    conn = conns.get(fd)
-                    if conn is not None:
-                        conn.on_readable(buf)
+                self._serve(epoll.poll(0))
                 if not spin:
                     continue
                 if skip:
@@ -786,10 +791,7 @@ class Reactor:
                     continue        # a watched descriptor: its task goes first
                 self.spin_hits += 1
                 self._backoff = 0
-                for fd, _ in epoll.poll(0):
-                    conn = conns.get(fd)
-                    if conn is not None:
-                        conn.on_readable(buf)
+                self._serve(epoll.poll(0))
         finally:
             # The server is stopping: what is still here goes without a goodbye.
             for conn in list(conns.values()):

@@ -40,6 +40,14 @@ cdef class Conn(ProtoParser):
     # routed ``$JS.ACK...@subject`` reply).
     cdef const unsigned char* dsubj
     cdef Py_ssize_t dsubj_len
+    # The last subject this connection published (or routed) and what it matched: a
+    # run of messages to one subject is matched once (``match_cached``).
+    cdef bytes last_subject
+    cdef SublistResult last_result
+    cdef Sublist last_sublist          # the sublist last_result came from
+    cdef unsigned long long last_gen
+    cdef SublistResult match_cached(self, Sublist sl, const unsigned char* subj,
+                                    Py_ssize_t slen)
     cdef int deliver(self, Subscription sub, const unsigned char* msg) except -1
     cdef int deliver_to_group(self, list group, const unsigned char* msg,
                               bint to_routes) except -1
@@ -67,10 +75,6 @@ cdef class ClientCore(Conn):
     # on_reply(reply) records reply subjects this client may answer (allow_responses).
     cdef public object pub_check
     cdef public object on_reply
-    cdef bytes last_subject
-    cdef SublistResult last_result
-    cdef Sublist last_sublist          # the sublist last_result came from
-    cdef unsigned long long last_gen
     cdef bytes route_reply             # reply + "@" + shown subject, for routes
     # The connection's subscriptions, sid -> Subscription.  SUB and UNSUB are handled
     # here while ``fast_subs`` (no subscribe permissions, no tracing, no limit
@@ -119,14 +123,9 @@ cdef class RouteCore(Conn):
     # The server at the other end (the route itself until registered): a message goes
     # to each peer once, even while its interest sits on two of its connections.
     cdef public object peer
-    # The last message's account and subject with what they matched (as ClientCore's
-    # lookup): a batch of deliveries to one inbox is matched once.
+    # The last message's account and its sublist (the subject: Conn.match_cached).
     cdef bytes last_acc
     cdef Sublist last_acc_sl
-    cdef bytes last_rsubject
-    cdef SublistResult last_rresult
-    cdef Sublist last_rsublist
-    cdef unsigned long long last_rgen
     cdef int write_rmsg(self, const unsigned char* acc, Py_ssize_t alen,
                         const unsigned char* subj, Py_ssize_t slen,
                         const unsigned char* reply, Py_ssize_t rlen,

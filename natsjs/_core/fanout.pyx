@@ -175,6 +175,25 @@ cdef class Conn(ProtoParser):
         self.rng ^= self.rng << 17
         return <Py_ssize_t>(self.rng % <uint64_t>n)
 
+    cdef SublistResult match_cached(self, Sublist sl, const unsigned char* subj,
+                                    Py_ssize_t slen):
+        """What ``subj`` matches in ``sl``, reusing the last answer while the subject,
+        the sublist and its change counter are the same."""
+        cdef bytes s = self.last_subject
+        # The change counter is per sublist: a connection that moved to another
+        # account (a second CONNECT) must not take the old account's result because
+        # the two counters happen to be equal.
+        if s is not None and self.last_gen == sl.genid and self.last_sublist is sl \
+                and PyBytes_GET_SIZE(s) == slen \
+                and memcmp(PyBytes_AS_STRING(s), subj, slen) == 0:
+            return self.last_result
+        s = PyBytes_FromStringAndSize(<const char*>subj, slen)
+        self.last_result = sl.match(s)
+        self.last_subject = s
+        self.last_sublist = sl
+        self.last_gen = sl.genid
+        return self.last_result
+
     cdef int deliver(self, Subscription sub, const unsigned char* msg) except -1:
         """One local delivery of the message in ``self.pa``; 1 if it was delivered."""
         cdef Conn target
@@ -485,21 +504,7 @@ cdef class ClientCore(Conn):
         return 0
 
     cdef SublistResult lookup(self, const unsigned char* subj, Py_ssize_t slen):
-        cdef bytes s = self.last_subject
-        # The change counter is per sublist: a connection that moved to another
-        # account (a second CONNECT) must not take the old account's result because
-        # the two counters happen to be equal.
-        if s is not None and self.last_gen == self.sublist.genid \
-                and self.last_sublist is self.sublist \
-                and PyBytes_GET_SIZE(s) == slen \
-                and memcmp(PyBytes_AS_STRING(s), subj, slen) == 0:
-            return self.last_result
-        s = PyBytes_FromStringAndSize(<const char*>subj, slen)
-        self.last_result = self.sublist.match(s)
-        self.last_subject = s
-        self.last_sublist = self.sublist
-        self.last_gen = self.sublist.genid
-        return self.last_result
+        return self.match_cached(self.sublist, subj, slen)
 
     cdef int process_msg(self, const unsigned char* msg) except -1:
         cdef SublistResult r
@@ -883,7 +888,7 @@ cdef class RouteCore(Conn):
         cdef SublistResult r
         cdef Subscription sub
         cdef list group
-        cdef bytes acc, qnames, s
+        cdef bytes acc, qnames
         if self.pinned_account is not None:
             acc = self.pinned_account
             sl = self.sublists.get(acc)
@@ -903,18 +908,7 @@ cdef class RouteCore(Conn):
         self.in_bytes += self.pa.size
         if sl is None:
             return 0   # an account this server does not have: nobody here to deliver to
-        s = self.last_rsubject
-        if s is not None and self.last_rsublist is sl and self.last_rgen == sl.genid \
-                and PyBytes_GET_SIZE(s) == self.pa.subject_len \
-                and memcmp(PyBytes_AS_STRING(s), self.pa.subject, self.pa.subject_len) == 0:
-            r = self.last_rresult
-        else:
-            s = PyBytes_FromStringAndSize(<const char*>self.pa.subject, self.pa.subject_len)
-            r = sl.match(s)
-            self.last_rsubject = s
-            self.last_rresult = r
-            self.last_rsublist = sl
-            self.last_rgen = sl.genid
+        r = self.match_cached(sl, self.pa.subject, self.pa.subject_len)
         self.dsubj = NULL
         if self.pa.reply != NULL and self.pa.reply_len > 8 and \
                 memcmp(self.pa.reply, b"$JS.ACK.", 8) == 0:
