@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import time
 
 import nats
@@ -178,6 +179,43 @@ def test_stream_leader_step_down_elects_another(cluster3):
         assert new != old and time.monotonic() - t0 < 5
         ack = await js.publish("s", b"2")
         assert ack.seq == 2
+        await nc.close()
+    run(main())
+
+
+def test_step_down_asked_while_no_leader_is_left_unanswered(cluster3):
+    """A step-down that reaches a replica while its group elects goes unanswered, as
+    nats-server leaves it, and the leader elected next does not hand over for it.
+    (natsjs once held it for the replica that might win, which then stepped down at
+    once: every replica's server gets the request, and on a busy machine the successor
+    a step-down chose read it only after winning, undoing the step-down.)"""
+    async def main():
+        nc, js = await connect(cluster3)
+        await js.add_stream(name="NL", subjects=["nl"], num_replicas=3)
+        await js.publish("nl", b"1")
+        old = await until(lambda: stream_leader(js, "NL"))
+        await nc.close()
+        lead = cluster3.index_of(old)
+        f1, f2 = [i for i in range(3) if i != lead]
+        nc, js = await connect(cluster3, f1)
+        cluster3.kill(f2)
+        # f1 gets an entry f2 lacks: of the two, only f1 can win the election below
+        await js.publish("nl", b"2")
+        paused = cluster3.procs[lead].proc.pid
+        os.kill(paused, signal.SIGSTOP)
+        try:
+            asked = []
+            for _ in range(15):     # before and after f1's election timeout
+                asked.append(asyncio.ensure_future(nc.request(
+                    "$JS.API.STREAM.LEADER.STEPDOWN.NL", b"", timeout=5)))
+                await asyncio.sleep(0.1)
+            await asyncio.get_running_loop().run_in_executor(None, cluster3.restart, f2)
+            answers = await asyncio.gather(*asked, return_exceptions=True)
+            assert all(isinstance(a, nats.errors.TimeoutError) for a in answers), \
+                [a.data if hasattr(a, "data") else a for a in answers]
+            assert await until(lambda: stream_leader(js, "NL")) == cluster3.name(f1)
+        finally:
+            os.kill(paused, signal.SIGCONT)
         await nc.close()
     run(main())
 

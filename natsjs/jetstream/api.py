@@ -75,6 +75,7 @@ class Api:
         self.server = js.server
         self._queue: collections.deque = collections.deque()
         self._current = None      # the request being dispatched (see park)
+        self.received = 0.0       # when it arrived (trio's clock)
         self._wake = trio.lowlevel.ParkingLot()
         self._subs = []
 
@@ -105,7 +106,8 @@ class Api:
                 self._queue.clear()
             if not self._queue:
                 self._wake.unpark()
-            self._queue.append((jsa, subject, reply, hdr, msg, client))
+            self._queue.append((jsa, subject, reply, hdr, msg, client,
+                                trio.current_time()))
         return on_request
 
     # What the system account administers itself (the meta group, servers, accounts):
@@ -156,7 +158,7 @@ class Api:
                 continue
             item = self._queue.popleft()
             self._current = item
-            jsa, subject, reply, hdr, msg, client = item
+            jsa, subject, reply, hdr, msg, client, self.received = item
             body = msg[hdr:] if hdr is not None and hdr > 0 else msg
             h = msg[:hdr] if hdr is not None and hdr > 0 else None
             try:

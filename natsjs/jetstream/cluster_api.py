@@ -50,9 +50,9 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
                              (n == 4 and kind == "LEADER")):
         name = op[-1]
         rep = cl.stream_replica(acc, name)
-        if rep is not None and rep.is_leader():
+        if rep is not None and rep.is_leader() and _leads_for(api, rep, kind):
             return await _stream_request(api, jsa, rep, op, body, hdr)
-        if _electing_here(cl, rep):
+        if kind != "LEADER" and _electing_here(cl, rep):
             api.park(rep)
             return None
         if cl.is_meta_leader() and ("%s %s" % (acc, name)) not in cl.state.streams:
@@ -66,13 +66,13 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
     if head == "CONSUMER" and ((n == 4 and kind == "INFO") or (n == 5 and kind == "LEADER")):
         sname, cname = op[-2], op[-1]
         crep = _consumer_replica(cl, acc, sname, cname)
-        if _electing_here(cl, crep):
-            api.park(crep)
-            return None
-        if crep is not None and crep.is_leader():
+        if crep is not None and crep.is_leader() and _leads_for(api, crep, kind):
             if kind == "INFO":
                 return {"type": T + "consumer_info_response", **crep.consumer.info()}
             return _step_down(crep, "consumer_leader_stepdown_response")
+        if kind != "LEADER" and _electing_here(cl, crep):
+            api.park(crep)
+            return None
         if cl.is_meta_leader():
             if ("%s %s" % (acc, sname)) not in cl.state.streams:
                 err = ApiError.of("JSStreamNotFoundErr")
@@ -151,6 +151,15 @@ def _electing_here(cl, rep) -> bool:
     knows of no other, or leads but has not caught up yet)."""
     return rep is not None and not rep.closed and not rep.is_leader() and \
         rep.raft.leader in (None, cl.me)
+
+
+def _leads_for(api, rep, kind: str) -> bool:
+    """The leader ``rep`` answers this request.  A step-down is for the leader that led
+    when it arrived: every replica's server gets the request, and one that wins an
+    election before it reads it (the successor the step-down chose, on a busy machine)
+    must not step down again; nor is a step-down parked to be answered once elected.
+    A group with no leader leaves it unanswered, as nats-server does."""
+    return kind != "LEADER" or rep.raft.leader_since <= api.received
 
 
 def _consumer_replica(cl, acc: str, stream: str, name: str):

@@ -315,6 +315,10 @@ class RaftNode:
         """The voters of the latest committed configuration this node knows."""
         return self._config_at(self.commit)
 
+    @property
+    def leader_since(self) -> float:
+        return self._leader_since
+
     def promotable(self) -> bool:
         """A voter that may campaign: not repairing its log and not restoring a
         snapshot's state."""

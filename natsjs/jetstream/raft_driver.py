@@ -627,6 +627,11 @@ class RaftService:
     def is_leader(self) -> bool:
         return self.node.role == LEADER
 
+    @property
+    def leader_since(self) -> float:
+        """When this node last became leader (trio's clock)."""
+        return self.node.leader_since
+
     def stop(self) -> None:
         """The owner is about to close the storage and cancel ``run``."""
         self.stopping = True
