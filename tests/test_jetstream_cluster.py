@@ -123,6 +123,69 @@ def test_r3_stream_is_placed_replicated_and_reported(cluster3):
     run(main())
 
 
+@pytest.mark.parametrize("reference", [False, True], ids=["natsjs", "reference"])
+def test_cluster_blocks_name_the_raft_group_and_every_peer(tmp_path, reference):
+    """Stream and consumer info's ``cluster`` block, and /jsz's stream detail on each
+    server (that server's view of the group), field for field as nats-server gives
+    them: the Raft group, the leader and since when (on the leader), the traffic
+    account, and each other member with its peer id, sorted by name."""
+    async def main(c):
+        nc, js = await connect(c, 0)
+        await js.add_stream(name="CB", subjects=["cb"], num_replicas=3)
+        await js.add_stream(name="CB1", subjects=["cb1"], num_replicas=1)
+        await js.publish("cb", b"x")
+        await js.pull_subscribe("cb", "d", stream="CB")
+
+        async def info(subject):
+            cl = json.loads((await nc.request(subject, b"", timeout=TIMEOUT)).data)["cluster"]
+            return cl if all(r["current"] for r in cl.get("replicas", [])) else None
+        members = {c.name(i) for i in range(3)}
+        blocks = {}
+        for kind, subject in (("S", "$JS.API.STREAM.INFO.CB"),
+                              ("C", "$JS.API.CONSUMER.INFO.CB.d")):
+            cl = blocks[kind] = await until(lambda: info(subject), timeout=10)
+            assert list(cl) == ["name", "raft_group", "leader", "leader_since",
+                                "system_account", "traffic_account", "replicas"]
+            assert cl["name"] == "C1" and re.fullmatch(kind + r"-R3F-\w{8}", cl["raft_group"])
+            assert re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:.]+Z", cl["leader_since"])
+            assert cl["system_account"] is True and cl["traffic_account"] == "$SYS"
+            reps = cl["replicas"]
+            assert [r["name"] for r in reps] == sorted(members - {cl["leader"]})
+            for r in reps:
+                assert list(r) == ["name", "current", "active", "peer"]
+                assert r["active"] > 0 and re.fullmatch(r"\w{8}", r["peer"])
+        one = json.loads((await nc.request("$JS.API.STREAM.INFO.CB1", b"")).data)["cluster"]
+        assert list(one) == ["name", "leader"] and one["leader"] in members
+        await nc.close()
+
+        leader = blocks["S"]["leader"]
+        peers = {r["name"]: r["peer"] for r in blocks["S"]["replicas"]}
+        for i in range(3):
+            jsz = c.http(i, "/jsz?streams=true&consumers=true&raft=true")
+            detail = {d["name"]: d for a in jsz["account_details"] for d in a["stream_detail"]}
+            d = detail["CB"]
+            assert d["stream_raft_group"] == blocks["S"]["raft_group"]
+            assert d["consumer_raft_groups"] == [{"name": "d",
+                                                 "raft_group": blocks["C"]["raft_group"]}]
+            cl = d["cluster"]
+            assert cl["raft_group"] == blocks["S"]["raft_group"] and cl["leader"] == leader
+            assert ("leader_since" in cl) == (c.name(i) == leader)
+            assert [r["name"] for r in cl["replicas"]] == sorted(members - {c.name(i)})
+            for r in cl["replicas"]:
+                if r["name"] in peers:
+                    assert r["peer"] == peers[r["name"]]
+            if "CB1" in detail:
+                assert detail["CB1"]["cluster"] == {"name": "C1", "leader": c.name(i)}
+                assert re.fullmatch(r"S-R1F-\w{8}", detail["CB1"]["stream_raft_group"])
+            only = c.http(i, "/jsz?streams=true&stream-leader-only=true")
+            listed = {d["name"] for a in only.get("account_details", [])
+                      for d in a.get("stream_detail", [])}
+            assert ("CB" in listed) == (c.name(i) == leader)
+
+    with JSCluster(tmp_path, 3, reference=reference).start() as c:
+        run(main(c))
+
+
 def test_batched_writes_with_headers_apply_alike_on_every_replica(cluster3):
     """Many publishes in flight at once go to the group in batches; plain messages and
     ones with headers (de-duplication) keep their order and are decided the same way on

@@ -439,7 +439,11 @@ def test_peer_info_for_stream_info():
     p = {p["name"]: p for p in node(sim, lead).peer_info()}[f]
     assert not p["current"] and p["offline"] and p["lag"] >= 10
     assert p["active"] >= 2 * sim.config.election_timeout_max
-    assert node(sim, followers(sim)[0]).peer_info() == []     # followers report nothing
+    # a follower knows only when it last heard from its leader
+    other = [x for x in followers(sim) if x != f][0]
+    view = node(sim, other).peer_info()
+    assert [v["name"] for v in view] == [lead] and view[0]["current"]
+    assert view[0]["active"] <= 2 * sim.config.heartbeat_interval
 
 
 def test_undecodable_messages_are_counted_and_dropped():

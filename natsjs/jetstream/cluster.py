@@ -910,32 +910,40 @@ class JetStreamCluster:
     # ---- info for monitoring and stream info ------------------------------------------------
 
     def cluster_info(self, rep) -> dict:
-        """The ``cluster`` block of stream and consumer info (server/jetstream_cluster.go
-        clusterInfo): name, leader, and every other replica's state."""
-        out = {"name": self.name}
+        """The ``cluster`` block of stream and consumer info, and of /jsz's stream detail,
+        as this server sees the group (server/jetstream_cluster.go clusterInfo): its
+        Raft group, leader (and since when, on the leader), and every other member by
+        name.  An R1 asset has no Raft group in nats-server: its server leads it."""
         svc = rep.raft if rep is not None else None
-        if svc is None:
-            return out
+        if svc is None or len(rep.peers) < 2:
+            return {"name": self.name, "leader": self.server.name}
+        out = {"name": self.name, "raft_group": rep.group}
         leader = svc.leader
         if leader is not None:
             out["leader"] = self.node_name(leader)
+            if leader == self.me and svc.leader_since_ns is not None:
+                out["leader_since"] = rfc3339_nano(svc.leader_since_ns)
+        out["system_account"] = True            # Raft traffic rides the system account
+        out["traffic_account"] = self.server.system_account.name
+        info = {p["name"]: p for p in svc.peer_info()}
+        me = self.me if leader is not None else None    # leaderless: everyone is listed
         replicas = []
-        info = {p["name"]: p for p in svc.peer_info()} if svc.is_leader() else {}
         for p in rep.peers:
-            if p == leader:
+            if p == me:
                 continue
             pi = info.get(p, {})
-            entry = {"name": self.node_name(p), "current": bool(pi.get("current", False))}
+            entry = {"name": self.node_name(p),
+                     "current": p == self.me or bool(pi.get("current", False))}
             if not self.online(p) or pi.get("offline"):
                 entry["offline"] = True
             active = pi.get("active")
-            if active is not None:
-                entry["active"] = _active_ns(active)
+            entry["active"] = 0 if active is None else _active_ns(active)
             if pi.get("lag"):
                 entry["lag"] = pi["lag"]
+            entry["peer"] = p
             replicas.append(entry)
         if replicas:
-            out["replicas"] = replicas
+            out["replicas"] = sorted(replicas, key=lambda e: e["name"])
         return out
 
     def meta_cluster_info(self) -> dict:

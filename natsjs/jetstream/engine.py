@@ -575,8 +575,12 @@ class JetStream:
         if opts.get("streams") or opts.get("consumers") or opts.get("config"):
             sd = []
             for s in jsa.streams.values():
+                rep = s.replica
+                cluster = rep.cluster_info() if rep is not None else self.cluster_info()
+                if opts.get("stream-leader-only") and cluster.get("leader") != self.server.name:
+                    continue
                 info = {"name": s.name, "created": rfc3339_nano(s.created),
-                        "cluster": self.cluster_info()}
+                        "cluster": cluster}
                 if opts.get("config"):
                     from natsjs.jetstream.streamcfg import config_json
                     info["config"] = config_json(s.cfg)
@@ -590,6 +594,12 @@ class JetStream:
                         cd.append(ci)
                     if cd:
                         info["consumer_detail"] = cd
+                if opts.get("raft") and rep is not None:
+                    info["stream_raft_group"] = rep.group
+                    groups = [{"name": c.name, "raft_group": c.replica.group}
+                              for c in s.consumers.values() if c.replica is not None]
+                    if groups:
+                        info["consumer_raft_groups"] = groups
                 sd.append(info)
             d["stream_detail"] = sd
         return d

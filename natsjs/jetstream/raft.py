@@ -328,9 +328,16 @@ class RaftNode:
         return len(self.voters) // 2 + 1
 
     def peer_info(self) -> list[dict]:
-        """Per-peer replication state for stream/consumer info (leader only; else [])."""
+        """Per-peer replication state for stream/consumer info.  A follower knows only
+        when it last heard from its leader (current: within two heartbeats, as
+        nats-server's raft.go Peers says it); of the other followers, nothing."""
         if self.role != LEADER:
-            return []
+            leader = self.leader_id
+            if leader is None:
+                return []
+            active = self.now - self._last_leader_contact
+            return [{"name": leader, "current": active <= 2 * self.cfg.heartbeat_interval,
+                     "active": active, "lag": 0, "offline": False}]
         out = []
         eto = self.cfg.election_timeout_max
         for peer, pr in sorted(self._progress.items()):

@@ -42,6 +42,7 @@ from natsjs.jetstream.raft import (
     RaftNode,
     SnapshotMeta,
 )
+from natsjs.jetstream.jstime import now_ns
 from natsjs.jetstream.store import fsync_dir, write_json_atomic
 
 STATE = "state.json"
@@ -610,6 +611,7 @@ class RaftService:
             bind(self)      # messages for us may be stepped in the receiving task
         self._applied_changed = trio.Event()
         self.applied = self.node.applied
+        self.leader_since_ns = None   # wall clock, for info's leader_since (leader only)
         self.syncs = 0
         self.closed = False
         self.stopping = False      # stop(): the storage is about to be closed under us
@@ -953,6 +955,7 @@ class RaftService:
         for index, peers in r.membership:
             self.fsm.membership_changed(index, peers)
         if r.leader is not None:
+            self.leader_since_ns = now_ns() if r.leader[0] == self.id else None
             self.fsm.leader_changed(*r.leader)
         node = self.node
         if self._ready_term != node.term and node.leader_caught_up():
