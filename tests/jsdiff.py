@@ -472,6 +472,12 @@ class Scenario:
     fn: object
     about: str = ""
     args: tuple = field(default_factory=tuple)      # extra server arguments
+    # Notes of ``collect`` steps whose message nats-server itself loses now and then (a
+    # race of its own): its run is repeated, up to REFERENCE_RUNS in all, until none is.
+    reference_loses: tuple = field(default_factory=tuple)
+
+
+REFERENCE_RUNS = 4
 
 
 def start_server(kind: str, store_dir: str, *args: str):
@@ -503,6 +509,16 @@ def sort_marked(steps: list[dict]) -> list[dict]:
 
 def run_scenario(scenario: Scenario, kind: str = "reference") -> dict:
     """Run ``scenario`` against a fresh server of ``kind``; the normalized transcript."""
+    runs = REFERENCE_RUNS if kind == "reference" and scenario.reference_loses else 1
+    for _ in range(runs):
+        transcript = _run_once(scenario, kind)
+        if not any(step.get("note") in scenario.reference_loses and not step["messages"]
+                   for step in transcript["steps"]):
+            break
+    return transcript
+
+
+def _run_once(scenario: Scenario, kind: str) -> dict:
     store = tempfile.mkdtemp(prefix="jsdiff-")
     server = start_server(kind, store, *scenario.args)
     try:

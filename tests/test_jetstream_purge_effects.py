@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import nats
+
 from test_jetstream import TIMEOUT, connect, js_server, run  # noqa: F401  (fixture)
 from test_jetstream_sourcing import api, until
 
@@ -70,7 +72,13 @@ def test_removed_pending_message_is_terminated_at_once(js_server):
     run(main())
 
 
-def test_stream_delete_deletes_consumers_with_advisories(js_server):
+def test_stream_delete_deletes_consumers_with_advisories(js_server, request):
+    # nats-server loses its STREAM.DELETED advisory now and then (about one delete in
+    # ten here): server/stream.go stop queues it on the stream's send queue and then
+    # closes the loop that drains that queue, and the loop may take the close first.
+    # natsjs must send it every time.
+    reference = request.node.callspec.params["js_server"] == "reference"
+
     async def main():
         nc, js = await connect(js_server)
         await api(nc, "$JS.API.STREAM.CREATE.P", {"name": "P", "subjects": ["p"]})
@@ -89,9 +97,15 @@ def test_stream_delete_deletes_consumers_with_advisories(js_server):
         await js.delete_stream("P")
         m = await waiting.next_msg(TIMEOUT)
         assert m.headers["Status"] == "409"
-        seen = [(await adv.next_msg(TIMEOUT)).subject for _ in range(2)]
-        assert seen == ["$JS.EVENT.ADVISORY.CONSUMER.DELETED.P.c1",
-                        "$JS.EVENT.ADVISORY.STREAM.DELETED.P"]
+        first = await adv.next_msg(TIMEOUT)
+        assert first.subject == "$JS.EVENT.ADVISORY.CONSUMER.DELETED.P.c1"
+        try:
+            second = await adv.next_msg(2 if reference else TIMEOUT)
+        except nats.errors.TimeoutError:
+            if not reference:
+                raise
+        else:
+            assert second.subject == "$JS.EVENT.ADVISORY.STREAM.DELETED.P"
         await nc.close()
     run(main())
 
