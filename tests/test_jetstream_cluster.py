@@ -246,12 +246,14 @@ def test_stream_leader_step_down_elects_another(cluster3):
     run(main())
 
 
-def test_step_down_asked_while_no_leader_is_left_unanswered(cluster3):
-    """A step-down that reaches a replica while its group elects goes unanswered, as
-    nats-server leaves it, and the leader elected next does not hand over for it.
-    (natsjs once held it for the replica that might win, which then stepped down at
-    once: every replica's server gets the request, and on a busy machine the successor
-    a step-down chose read it only after winning, undoing the step-down.)"""
+@pytest.mark.parametrize("ask", ["LEADER.STEPDOWN", "PURGE"])
+def test_what_is_asked_while_no_leader_is_left_unanswered(cluster3, ask):
+    """A step-down or a purge that reaches a replica while its group elects goes
+    unanswered, as nats-server leaves it, and the leader elected next does not act on
+    it.  (natsjs once held such requests for the replica that might win: every
+    replica's server gets the request, and on a busy machine the successor a step-down
+    chose read it only after winning and stepped down again; a purge the old leader
+    had done would have been done again, on messages acknowledged since.)"""
     async def main():
         nc, js = await connect(cluster3)
         await js.add_stream(name="NL", subjects=["nl"], num_replicas=3)
@@ -270,13 +272,14 @@ def test_step_down_asked_while_no_leader_is_left_unanswered(cluster3):
             asked = []
             for _ in range(15):     # before and after f1's election timeout
                 asked.append(asyncio.ensure_future(nc.request(
-                    "$JS.API.STREAM.LEADER.STEPDOWN.NL", b"", timeout=5)))
+                    "$JS.API.STREAM.%s.NL" % ask, b"", timeout=5)))
                 await asyncio.sleep(0.1)
             await asyncio.get_running_loop().run_in_executor(None, cluster3.restart, f2)
             answers = await asyncio.gather(*asked, return_exceptions=True)
             assert all(isinstance(a, nats.errors.TimeoutError) for a in answers), \
                 [a.data if hasattr(a, "data") else a for a in answers]
             assert await until(lambda: stream_leader(js, "NL")) == cluster3.name(f1)
+            assert (await js.stream_info("NL")).state.messages == 2
         finally:
             os.kill(paused, signal.SIGCONT)
         await nc.close()
@@ -841,7 +844,9 @@ def test_plain_server_in_the_cluster_serves_jetstream_clients(tmp_path, plain):
                     continue                   # raises nats' TimeoutError or asyncio's)
                 for m in msgs:
                     got.append(int(m.data))
-                    await m.ack_sync()
+                    # answered once the ack is on disk on a quorum: more than nats-py's
+                    # default second when a loaded machine's fsync stalls
+                    await m.ack_sync(timeout=TIMEOUT)
             assert got == list(range(50))
             si = await js.stream_info("M")
             names = {c.name(i) for i in range(3)}

@@ -50,9 +50,10 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
                              (n == 4 and kind == "LEADER")):
         name = op[-1]
         rep = cl.stream_replica(acc, name)
-        if rep is not None and rep.is_leader() and _leads_for(api, rep, kind):
+        acts = kind in ("LEADER", "PURGE") or (kind == "MSG" and op[2] == "DELETE")
+        if rep is not None and rep.is_leader() and _leads_for(api, rep, acts):
             return await _stream_request(api, jsa, rep, op, body, hdr)
-        if kind != "LEADER" and _electing_here(cl, rep):
+        if not acts and _electing_here(cl, rep):
             api.park(rep)
             return None
         if cl.is_meta_leader() and ("%s %s" % (acc, name)) not in cl.state.streams:
@@ -66,7 +67,7 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
     if head == "CONSUMER" and ((n == 4 and kind == "INFO") or (n == 5 and kind == "LEADER")):
         sname, cname = op[-2], op[-1]
         crep = _consumer_replica(cl, acc, sname, cname)
-        if crep is not None and crep.is_leader() and _leads_for(api, crep, kind):
+        if crep is not None and crep.is_leader() and _leads_for(api, crep, kind == "LEADER"):
             if kind == "INFO":
                 return {"type": T + "consumer_info_response", **crep.consumer.info()}
             return _step_down(crep, "consumer_leader_stepdown_response")
@@ -153,13 +154,14 @@ def _electing_here(cl, rep) -> bool:
         rep.raft.leader in (None, cl.me)
 
 
-def _leads_for(api, rep, kind: str) -> bool:
-    """The leader ``rep`` answers this request.  A step-down is for the leader that led
-    when it arrived: every replica's server gets the request, and one that wins an
-    election before it reads it (the successor the step-down chose, on a busy machine)
-    must not step down again; nor is a step-down parked to be answered once elected.
-    A group with no leader leaves it unanswered, as nats-server does."""
-    return kind != "LEADER" or rep.raft.leader_since <= api.received
+def _leads_for(api, rep, acts: bool) -> bool:
+    """The leader ``rep`` answers this request.  One that acts (a step-down, a purge, a
+    message delete) is for the leader that led when it arrived: every replica's server
+    gets the request, and one that wins an election before it reads it (the successor
+    a step-down chose, on a busy machine) must not act on it again (step down again,
+    or purge what was published since); nor is such a request parked to be answered
+    once elected.  A group with no leader leaves it unanswered, as nats-server does."""
+    return not acts or rep.raft.leader_since <= api.received
 
 
 def _consumer_replica(cl, acc: str, stream: str, name: str):
