@@ -38,7 +38,13 @@ from natsjs.jetstream.placement import Candidate, PlacementError, select_peers
 from natsjs.jetstream.raft import ConfigChangeInProgress
 from natsjs.jetstream.raft import NotLeader as NotLeaderError
 from natsjs.jetstream.raft import RaftConfig
-from natsjs.jetstream.raft_driver import DirFiles, RaftService, RaftStorage, StateMachine
+from natsjs.jetstream.raft_driver import (
+    DirFiles,
+    RaftService,
+    RaftStorage,
+    StateMachine,
+    hand_to,
+)
 
 _DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 META = "_meta_"
@@ -95,14 +101,7 @@ class Transport:
         if ch is None:
             self.dropped += 1
             return
-        svc = self.services.get(group)
-        if svc is not None:
-            if not svc.receive(msg):
-                self.dropped += 1
-            return
-        try:
-            ch.send_nowait(msg)
-        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+        if not hand_to(self.services.get(group), ch, msg):
             self.dropped += 1
 
     def send(self, group: str, peer: str, data: bytes) -> None:

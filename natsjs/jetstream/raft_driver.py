@@ -505,14 +505,7 @@ class LocalNetwork:
         if ch is None or (src, dst) in self.blocked:
             self.dropped += 1
             return
-        svc = self._services.get(dst)
-        if svc is not None:
-            if not svc.receive(data):
-                self.dropped += 1
-            return
-        try:
-            ch.send_nowait(data)
-        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+        if not hand_to(self._services.get(dst), ch, data):
             self.dropped += 1
 
 
@@ -554,6 +547,19 @@ class StateMachine:
 
     def membership_changed(self, index: int, peers: tuple) -> None:
         """A configuration entry (the voters ``peers``) committed at ``index``."""
+
+
+def hand_to(service, inbox, data) -> bool:
+    """Give a received message to its node: the service bound to it (``bind``) steps or
+    queues it, else the node's inbox channel holds it.  False: it was dropped (full or
+    closed), for the transport to count."""
+    if service is not None:
+        return service.receive(data)
+    try:
+        inbox.send_nowait(data)
+    except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+        return False
+    return True
 
 
 # Messages ``RaftService.receive`` holds while the node is busy, at most (as the inboxes'
