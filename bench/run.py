@@ -26,7 +26,7 @@ from pathlib import Path
 from . import scenarios as sc_mod
 from .scenarios import Scenario
 from .servers import (LOAD_CPU, NATSJS, REFERENCE, SERVER_CPU, ServerKind, find_nats_server,
-                      find_natsjs_cmd, on_cpu, rss_bytes, running)
+                      find_natsjs_cmd, js_leaders, on_cpu, rss_bytes, running)
 from .trace import RunWriter, git_info, machine_info, new_run_id
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,6 +84,10 @@ def measure(scenario: Scenario, kind: ServerKind, repeat: int, slot: int, n: int
                 row["server_args"] = json.dumps([list(nd.args) for nd in srv.nodes])
                 res = run_natsbench(natsbench, args, scenario.timeout_s + 30,
                                     LOAD_CPU if pin else None)
+                if res.error is None and scenario.topology.cluster and \
+                        scenario.topology.jetstream:
+                    leaders = js_leaders(srv.nodes)
+                    row["leaders"] = json.dumps(leaders) if leaders else None
                 if scenario.rss and res.error is None:
                     # What the servers hold with the load's messages stored.
                     row["rss_mb"] = sum(rss_bytes(pid) for pid in srv.pids) / 1e6
@@ -117,9 +121,26 @@ def summarise(rows: list[dict], servers: list[str]) -> list[dict]:
                         "p50_us": _median([r.get("p50_us") for r in ok]),
                         "p99_us": _median([r.get("p99_us") for r in ok]),
                         "rss_mb": _median([r.get("rss_mb") for r in ok]),
-                        "ok": len(ok), "errors": errs}
+                        "ok": len(ok), "errors": errs,
+                        "placed": _by_placement(ok)}
         out.append(entry)
     return out
+
+
+def _by_placement(rows: list[dict]) -> dict | None:
+    """Median msgs/s of the runs whose leader (the consumer's for fetch, else the
+    stream's) was on node 0, the client's, and of those where it was elsewhere."""
+    key = "consumer" if rows and rows[0]["mode"] == "jsfetch" else "stream"
+    split: dict = {"local": [], "remote": []}
+    for r in rows:
+        if not r.get("leaders"):
+            continue
+        where = json.loads(r["leaders"]).get(key)
+        if where is not None:
+            split["local" if where == 0 else "remote"].append(r["msgs_per_sec"])
+    if not split["local"] and not split["remote"]:
+        return None
+    return {k: (len(v), _median(v)) for k, v in split.items()}
 
 
 def _rate(v: float | None) -> str:
@@ -157,10 +178,22 @@ def ratio_table(summary: list[dict], servers: list[str]) -> str:
             cells += ["–" if e[s].get("rss_mb") is None else f"{e[s]['rss_mb']:,.0f}"
                       for s in servers]
         lines.append("| " + " | ".join(cells) + " |")
+        if both and e[REFERENCE]["placed"] and e[NATSJS]["placed"]:
+            notes.append(_placement_note(e))
         for s in servers:
             if e[s]["errors"]:
                 notes.append(f"- {e['title']} on {s}: {len(e[s]['errors'])} failed: {e[s]['errors'][0]}")
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
+def _placement_note(e: dict) -> str:
+    parts = []
+    for where, label in (("local", "leader on the client's node"), ("remote", "elsewhere")):
+        (nr, ref), (nn, ours) = e[REFERENCE]["placed"][where], e[NATSJS]["placed"][where]
+        ratio = f"{ours / ref:.2f}" if ref and ours is not None else "–"
+        parts.append(f"{label}: nats-server {_rate(ref)} ({nr} runs), natsjs {_rate(ours)} "
+                     f"({nn} runs), ratio {ratio}")
+    return f"- {e['title']} by placement: " + "; ".join(parts)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -214,6 +214,24 @@ def _http_json(port: int, path: str) -> dict | None:
         return None
 
 
+def js_leaders(nodes: list[NodePlan]) -> dict | None:
+    """Which node leads the stream (and its first consumer) as node 0's ``/jsz`` sees it
+    after a JetStream cluster run: ``{"stream": i, "consumer": j}`` (node indexes, None
+    when unknown), or None when node 0 reports no stream.  Both servers pick the first
+    leader at random, and whether it sits on the client's node moves R3 figures by a
+    third (bench/README.md)."""
+    d = _http_json(nodes[0].http_port, "/jsz?streams=true&consumers=true")
+    accounts = (d or {}).get("account_details") or []
+    streams = [st for a in accounts for st in a.get("stream_detail") or []]
+    if not streams:
+        return None
+    names = {f"bench-{nd.index}": nd.index for nd in nodes}
+    st = streams[0]
+    consumers = st.get("consumer_detail") or [{}]
+    return {"stream": names.get((st.get("cluster") or {}).get("leader")),
+            "consumer": names.get((consumers[0].get("cluster") or {}).get("leader"))}
+
+
 def _wait_cluster(nodes: list[NodePlan], topology: Topology, deadline: float,
                   settle_s: float) -> None:
     """Wait for the full route mesh (and a JetStream meta leader) through the monitoring
@@ -242,9 +260,41 @@ def _wait_cluster(nodes: list[NodePlan], topology: Topology, deadline: float,
                     time.sleep(0.1)
                     continue
                 return
-            if hz.get("status") == "ok" and (topology.nodes == 1 or _meta_complete(nodes)):
+            if hz.get("status") == "ok" and (topology.nodes == 1 or _meta_complete(nodes)) \
+                    and _js_api_answers(nodes[0].port):
                 return
             time.sleep(0.2)
+
+
+def _js_api_answers(port: int, timeout: float = 1.0) -> bool:
+    """A client of ``port`` gets an answer without an error to ``$JS.API.INFO``: what
+    natsbench asks first.  nats-server can report healthy with its meta group complete
+    and still have "no responders" for the API for a moment."""
+    try:
+        with socket.create_connection((HOST, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            s.sendall(b'CONNECT {"verbose":false,"headers":true,"no_responders":true}\r\n'
+                      b"SUB _BENCH.ready 1\r\nPUB $JS.API.INFO _BENCH.ready 0\r\n\r\n")
+            buf = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    return False
+                buf += chunk
+                if b"HMSG _BENCH.ready" in buf:
+                    return False            # a status: 503 no responders
+                at = buf.find(b"MSG _BENCH.ready")
+                if at >= 0:
+                    head_end = buf.find(b"\r\n", at)
+                    if head_end < 0:
+                        continue
+                    size = int(buf[at:head_end].split()[-1])
+                    body = buf[head_end + 2:head_end + 2 + size]
+                    if len(body) < size:
+                        continue
+                    return b'"error"' not in body
+    except (OSError, ValueError):
+        return False
 
 
 def _meta_complete(nodes: list[NodePlan]) -> bool:

@@ -83,6 +83,7 @@ RESULTS = pa.schema([
     ("received", pa.int64()),
     ("samples", pa.int64()),           # latency rows written for this repeat (0: no trace)
     ("rss_mb", pa.float64()),          # servers' resident memory after the load (rss scenarios)
+    ("leaders", pa.string()),          # JSON {"stream": i, "consumer": j}: leaders' nodes (JS clusters)
     ("error", pa.string()),            # null when natsbench succeeded
     ("natsbench_args", pa.string()),
     ("server_args", pa.string()),      # JSON list of per-node flag lists

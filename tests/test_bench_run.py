@@ -6,6 +6,7 @@ shared/peers/setup.sh installs it, and skips when it is absent.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -117,3 +118,21 @@ def test_rss_scenario_records_the_servers_memory(tools, tmp_path, capsys):
     assert len(res) == 2
     # A Go server holding a JetStream stream is well past a few megabytes resident.
     assert all(r["error"] is None and r["rss_mb"] > 5 for r in res), res
+
+
+def test_cluster_scenario_records_where_the_leaders_were(tools, tmp_path, capsys):
+    """On a JetStream cluster the runner notes which node led the stream and the
+    consumer, and the table's notes split the medians by it: both servers place the
+    first leader at random, and a leader on the client's node is the faster case."""
+    nb, ns = tools
+    rc = run.main(["--natsbench", nb, "--nats-server", ns, "--natsjs-cmd", ns,
+                   "--scenario", "jsfetch-r3", "-n", "3000", "--repeat", "1",
+                   "--results", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    res = trace.read_table(trace.discover([tmp_path]), "results").to_pylist()
+    assert len(res) == 2 and all(r["error"] is None for r in res), res
+    for r in res:
+        leaders = json.loads(r["leaders"])
+        assert leaders["stream"] in (0, 1, 2) and leaders["consumer"] in (0, 1, 2), r
+    assert "JetStream R3 fetch 128 B by placement: leader on the client's node:" in out
