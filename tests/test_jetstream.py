@@ -193,7 +193,7 @@ def test_pull_consumer_ack_nak_redelivery_and_max_deliver(js_server):
         assert [m.data for m in msgs] == [b"m0", b"m1", b"m2"]
         assert msgs[0].subject == "q.x"
         assert msgs[0].metadata.sequence.stream == 1 and msgs[2].metadata.num_pending == 0
-        await msgs[0].ack_sync()
+        await msgs[0].ack_sync(timeout=TIMEOUT)
         await msgs[1].nak()
         again = await sub.fetch(1, timeout=TIMEOUT)
         assert again[0].data == b"m1" and again[0].metadata.num_delivered == 2
@@ -243,7 +243,7 @@ def test_push_consumer_and_ephemeral(js_server):
 
         async def cb(msg):
             got.append((msg.subject, msg.data))
-            await msg.ack_sync()
+            await msg.ack_sync(timeout=TIMEOUT)
             if len(got) == 5:
                 done.set()
         sub = await js.subscribe("push.>", cb=cb)
@@ -289,7 +289,7 @@ def test_workqueue_and_interest_retention(js_server):
         for i in range(3):
             await js.publish("wq", b"%d" % i)
         for m in await sub.fetch(3, timeout=TIMEOUT):
-            await m.ack_sync()
+            await m.ack_sync(timeout=TIMEOUT)
         assert (await js.stream_info("WQ")).state.messages == 0
         await js.add_stream(name="INT", subjects=["int"], retention=RetentionPolicy.INTEREST)
         await js.publish("int", b"nobody")       # no consumer: not kept
@@ -298,10 +298,10 @@ def test_workqueue_and_interest_retention(js_server):
         b = await js.pull_subscribe("int", "b")
         await js.publish("int", b"both")
         (ma,) = await a.fetch(1, timeout=TIMEOUT)
-        await ma.ack_sync()
+        await ma.ack_sync(timeout=TIMEOUT)
         assert (await js.stream_info("INT")).state.messages == 1
         (mb,) = await b.fetch(1, timeout=TIMEOUT)
-        await mb.ack_sync()
+        await mb.ack_sync(timeout=TIMEOUT)
         assert (await js.stream_info("INT")).state.messages == 0
         await nc.close()
     run(main())

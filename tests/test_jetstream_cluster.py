@@ -356,7 +356,7 @@ def test_consumer_state_survives_consumer_leader_change(cluster3):
         sub = await js.pull_subscribe("c", "dur")
         msgs = await sub.fetch(10, timeout=TIMEOUT)
         for m in msgs:
-            await m.ack_sync()
+            await m.ack_sync(timeout=TIMEOUT)
         ci = await js.consumer_info("C", "dur")
         assert ci.cluster.leader and ci.ack_floor.stream_seq == 10
         ci = await consumer_step_down(nc, js, "C", "dur", ci.cluster.leader)
@@ -365,7 +365,7 @@ def test_consumer_state_survives_consumer_leader_change(cluster3):
         while len(rest) < 10:
             got = await sub.fetch(10 - len(rest), timeout=TIMEOUT)
             for m in got:
-                await m.ack_sync()
+                await m.ack_sync(timeout=TIMEOUT)
             rest += [int(m.data) for m in got]
         assert rest == list(range(10, 20))     # nothing acknowledged came back
         await nc.close()
@@ -418,8 +418,8 @@ def test_unacknowledged_deliveries_come_back_from_the_new_consumer_leader(cluste
             await js.publish("u", b"%d" % i)
         sub = await js.pull_subscribe("u", "dur", config=ConsumerConfig(ack_wait=1.0))
         msgs = await sub.fetch(6, timeout=TIMEOUT)
-        await msgs[0].ack_sync()
-        await msgs[3].ack_sync()
+        await msgs[0].ack_sync(timeout=TIMEOUT)
+        await msgs[3].ack_sync(timeout=TIMEOUT)
         ci = await js.consumer_info("U", "dur")
         assert ci.num_ack_pending == 4 and ci.delivered.stream_seq == 6
         ci = await consumer_step_down(nc, js, "U", "dur", ci.cluster.leader)
@@ -430,7 +430,7 @@ def test_unacknowledged_deliveries_come_back_from_the_new_consumer_leader(cluste
             got = await sub.fetch(4 - len(again), timeout=TIMEOUT)
             for m in got:
                 assert m.metadata.num_delivered == 2
-                await m.ack_sync()
+                await m.ack_sync(timeout=TIMEOUT)
             again += [int(m.data) for m in got]
         assert sorted(again) == [1, 2, 4, 5]
         ci = await js.consumer_info("U", "dur")
@@ -990,7 +990,7 @@ def test_stream_update_scales_replicas_up_and_down(cluster3):
             await js.publish("s", b"%d" % i)
         sub = await js.pull_subscribe("s", "d", stream="S")
         for m in await sub.fetch(10, timeout=TIMEOUT):
-            await m.ack_sync()
+            await m.ack_sync(timeout=TIMEOUT)
         si = await js.update_stream(StreamConfig(name="S", subjects=["s"], num_replicas=3))
         assert si.config.num_replicas == 3
 

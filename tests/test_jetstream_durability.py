@@ -107,7 +107,7 @@ def test_consumer_acks_survive_kill9(tmp_path):
             sub = await js.pull_subscribe("c", "dur", config=ConsumerConfig(ack_wait=60))
             msgs = await sub.fetch(30, timeout=TIMEOUT)
             for m in msgs[:20]:
-                await m.ack_sync()     # acknowledged acks: the server confirmed each
+                await m.ack_sync(timeout=TIMEOUT)     # acknowledged acks: the server confirmed each
             await nc.close()
         run(first())
         s.proc.send_signal(signal.SIGKILL)

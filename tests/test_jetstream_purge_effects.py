@@ -29,7 +29,7 @@ async def _setup(nc, js):
         await api(nc, "$JS.API.CONSUMER.CREATE.P." + name, {"stream_name": "P", "config": cfg})
         subs[name] = await js.pull_subscribe(filt or "p.>", name, stream="P")
         msgs = await subs[name].fetch(4, timeout=TIMEOUT)
-        await msgs[0].ack_sync()
+        await msgs[0].ack_sync(timeout=TIMEOUT)
     return subs
 
 

@@ -68,7 +68,7 @@ def test_backup_delete_restore_round_trip(js_server):
         sub = await js.pull_subscribe("s.*", "d", stream="S")
         got = await sub.fetch(5, timeout=TIMEOUT)
         for m in got[:3]:
-            await m.ack_sync()
+            await m.ack_sync(timeout=TIMEOUT)
         before = await info(nc, "S")
         cbefore = await api(nc, "$JS.API.CONSUMER.INFO.S.d")
         adv = await nc.subscribe("$JS.EVENT.ADVISORY.STREAM.*.S")
