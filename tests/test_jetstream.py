@@ -256,6 +256,32 @@ def test_push_consumer_and_ephemeral(js_server):
     run(main())
 
 
+def test_push_consumer_of_large_messages_is_not_a_slow_consumer(js_server):
+    """A push consumer without flow control, over a stream of 512 KB messages: 80 MB
+    ready at once.  What the server writes to the client in one go must stay under its
+    pending limit (64 MB), or the client is cut off as a slow consumer although it
+    reads as fast as it can."""
+    body = b"x" * (512 * 1024)
+    n = 160
+
+    async def main():
+        nc, js = await connect(js_server)
+        await js.add_stream(name="BIG", subjects=["big"])
+        for _ in range(n):
+            await js.publish("big", body, timeout=TIMEOUT)
+        sub = await nc.subscribe("deliver.big", pending_bytes_limit=256 * 1024 * 1024,
+                                 pending_msgs_limit=n * 2)
+        await js.add_consumer("BIG", deliver_subject="deliver.big", ack_policy="none")
+        got = 0
+        while got < n:
+            msg = await sub.next_msg(timeout=TIMEOUT)
+            assert len(msg.data) == len(body)
+            got += 1
+        assert nc.is_connected
+        await nc.close()
+    run(main())
+
+
 def test_deliver_policies(js_server):
     async def main():
         nc, js = await connect(js_server)

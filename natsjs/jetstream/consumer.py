@@ -46,6 +46,11 @@ from natsjs.jetstream.subjects import filter_matches
 # pass of the event loop in the middle, and R3 fetch was 13-25% slower.
 DELIVER_BURST = 256
 FAST_BURST = 1024
+# ... and about this many bytes at most, whichever comes first: nothing is sent before
+# the turn ends, and a burst must not fill a client's pending buffer (max_pending,
+# 64 MB) by itself -- 256 messages of 512 KB did, and the client was cut off as a slow
+# consumer.  (The C path goes by the stream's mean message size.)
+BURST_BYTES = 4 << 20
 # How often a replicated consumer's leader without a lease looks again (seconds).
 LEASE_RECHECK = 0.05
 # A flow-controlled push consumer stops at this many unconfirmed bytes: a window that
@@ -151,6 +156,7 @@ class Consumer:
         self.pacer = Pacer.for_consumer(self)
         self._held = None
         self._pace_until = 0.0
+        self._full = False          # the last turn stopped at its burst (_deliver_some)
         if cfg["deliver_policy"] == "last_per_subject" and state.dseq == 1:
             self._setup_lss()
 
@@ -443,8 +449,8 @@ class Consumer:
                 with trio.move_on_after(LEASE_RECHECK):
                     await self._wake.park()
                 continue
-            n = self._deliver_some()
-            if n >= DELIVER_BURST:
+            self._deliver_some()
+            if self._full:
                 await trio.lowlevel.checkpoint()
                 continue
             timeout = self._housekeeping()
@@ -458,6 +464,9 @@ class Consumer:
                     await self._wake.park()
 
     def _deliver_some(self) -> int:
+        """Deliver what is ready, up to a turn's burst (``self._full`` then: more may be
+        ready); returns how many went out."""
+        self._full = False
         if self.paused_until and now_ns() < self.paused_until:
             return 0
         if self._pace_until:
@@ -473,10 +482,14 @@ class Consumer:
         acc = self.stream.jsa.account
         pub = self.js.publisher(acc)
         self._now = now_ns()
+        nbytes = 0
         try:
             if self._fast_ok():
                 delivered = self._deliver_fast(pub)
-            while delivered < DELIVER_BURST:
+            while not self._full:
+                if delivered >= DELIVER_BURST or nbytes >= BURST_BYTES:
+                    self._full = True
+                    break
                 if not self.push and not self.waiting:
                     break
                 got = self._held or self._next_msg()
@@ -506,6 +519,7 @@ class Consumer:
                     dsubj = self.cfg["deliver_subject"].encode()
                 self._deliver(pub, dsubj, seq, subj, hdr, msg, ts, dc)
                 delivered += 1
+                nbytes += len(subj) + len(msg) + (len(hdr) if hdr else 0)
                 if wr is not None:
                     self._after_pull_delivery(pub, wr)
                 if self.push and self.cfg["flow_control"] and self._pbytes > self._maxpb:
@@ -539,8 +553,12 @@ class Consumer:
         core = pub.core
         total = 0
         out: list = []
-        while total < FAST_BURST and st.sseq <= limit:
-            room = FAST_BURST - total
+        store = stream.store
+        burst = FAST_BURST
+        if store.msgs:
+            burst = max(1, min(burst, BURST_BYTES * store.msgs // max(store.bytes, 1)))
+        while total < burst and st.sseq <= limit:
+            room = burst - total
             if not self.ack_none and self.cfg["max_ack_pending"] > 0:
                 room = min(room, self.cfg["max_ack_pending"] - len(st.pending))
                 if room <= 0:
@@ -585,6 +603,7 @@ class Consumer:
                     wr.hbt = trio.current_time() + wr.hb
             if n == 0 and not stopped:
                 break
+        self._full = total >= burst
         return total
 
     def _after_fast(self, out: list, n: int, pending: int) -> None:
