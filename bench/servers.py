@@ -218,8 +218,8 @@ def js_leaders(nodes: list[NodePlan]) -> dict | None:
     """Which node leads the stream (and its first consumer) as node 0's ``/jsz`` sees it
     after a JetStream cluster run: ``{"stream": i, "consumer": j}`` (node indexes, None
     when unknown), or None when node 0 reports no stream.  Both servers pick the first
-    leader at random, and whether it sits on the client's node moves R3 figures by a
-    third (bench/README.md)."""
+    leader at random, and whether it sits on the client's node moves R3 figures by
+    20-40% (bench/README.md)."""
     d = _http_json(nodes[0].http_port, "/jsz?streams=true&consumers=true")
     accounts = (d or {}).get("account_details") or []
     streams = [st for a in accounts for st in a.get("stream_detail") or []]
