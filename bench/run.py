@@ -130,11 +130,11 @@ def summarise(rows: list[dict], servers: list[str]) -> list[dict]:
 def _by_placement(rows: list[dict]) -> dict | None:
     """Median msgs/s of the runs whose leader (the consumer's for fetch, else the
     stream's) was on node 0, the client's, and of those where it was elsewhere."""
-    key = "consumer" if rows and rows[0]["mode"] == "jsfetch" else "stream"
     split: dict = {"local": [], "remote": []}
     for r in rows:
         if not r.get("leaders"):
             continue
+        key = "consumer" if r.get("mode") == "jsfetch" else "stream"
         where = json.loads(r["leaders"]).get(key)
         if where is not None:
             split["local" if where == 0 else "remote"].append(r["msgs_per_sec"])

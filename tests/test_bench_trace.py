@@ -100,6 +100,28 @@ def test_scenario_file_validation(tmp_path):
         scenarios.load(f)
 
 
+def test_ratio_table_splits_cluster_runs_by_where_the_leader_was():
+    """JetStream cluster rows carry the leaders' nodes; the notes give the medians of
+    the runs with the leader that counts (the stream's for publish, the consumer's for
+    fetch) on node 0, the client's, and elsewhere."""
+    rows = []
+    for server, runs in (("nats-server", [(0, 120.0), (1, 90.0), (2, 100.0)]),
+                         ("natsjs", [(1, 95.0), (0, 130.0), (0, 110.0)])):
+        for rep, (node, rate) in enumerate(runs):
+            rows.append({"scenario": "jspub-r3", "title": "R3 publish", "mode": "jspub",
+                         "server": server, "msgs_per_sec": rate, "error": None,
+                         "leaders": json.dumps({"stream": node, "consumer": None})})
+    servers = ["nats-server", "natsjs"]
+    table = run.ratio_table(run.summarise(rows, servers), servers)
+    assert ("- R3 publish by placement: leader on the client's node: nats-server 120 "
+            "(1 runs), natsjs 120 (2 runs), ratio 1.00; elsewhere: nats-server 95 "
+            "(2 runs), natsjs 95 (1 runs), ratio 1.00") in table
+    for r in rows:
+        r["mode"], r["leaders"] = "jsfetch", json.dumps({"stream": 0, "consumer": 1})
+    table = run.ratio_table(run.summarise(rows, servers), servers)
+    assert "leader on the client's node: nats-server – (0 runs)" in table
+
+
 def test_ratio_table_medians_and_errors():
     rows = []
     for rep, (ref, ours) in enumerate([(100.0, 40.0), (300.0, 50.0), (200.0, 90.0)]):
