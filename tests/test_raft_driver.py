@@ -90,6 +90,15 @@ def leader_of(members):
     return leaders[0] if len(leaders) == 1 else None
 
 
+async def start_group(nursery, net, root, config):
+    """Three members started in ``nursery``; returns them and, once elected, the leader."""
+    members = [Member(net, root, p, config) for p in PEERS]
+    for m in members:
+        await m.start(nursery)
+    await wait_for(lambda: leader_of(members) is not None)
+    return members, leader_of(members)
+
+
 async def propose_pipelined(svc, payloads, window=2000):
     """Propose one entry per payload (as a stream leader does per message), keeping at
     most ``window`` unapplied; returns the last index."""
@@ -110,12 +119,8 @@ def test_three_services_replicate_restart_and_catch_up(tmp_path, inline):
 
     async def main():
         net = LocalNetwork(inline=inline)
-        members = [Member(net, tmp_path, p, config) for p in PEERS]
         async with trio.open_nursery() as nursery:
-            for m in members:
-                await m.start(nursery)
-            await wait_for(lambda: leader_of(members) is not None)
-            lead = leader_of(members)
+            members, lead = await start_group(nursery, net, tmp_path, config)
             others = [m for m in members if m is not lead]
             await wait_for(lambda: all(m.svc.leader == lead.id for m in members))
             try:
@@ -178,15 +183,62 @@ def test_three_services_replicate_restart_and_catch_up(tmp_path, inline):
           % (result["rate"], result["per_sync"], result["elections"]))
 
 
+def test_the_group_goes_on_while_a_snapshot_is_written(tmp_path):
+    """A snapshot's files go to disk in a thread: while the leader's are held up, its
+    group still commits, and a follower that was down and is now behind the compacted
+    log catches up from the snapshot the leader holds in memory.  Once the files are
+    written the snapshot is the durable one and the log no longer holds what it
+    covers."""
+    import threading
+    release = threading.Event()
+
+    async def main():
+        net = LocalNetwork()
+        async with trio.open_nursery() as nursery:
+            members, lead = await start_group(nursery, net, tmp_path, RaftConfig())
+            down = [m for m in members if m is not lead][0]
+            last = await propose_pipelined(lead.svc, [b"a%d" % i for i in range(300)])
+            await wait_for(lambda: all(m.svc.applied >= last for m in members))
+            await down.stop()
+            last = await propose_pipelined(lead.svc, [b"b%d" % i for i in range(300)])
+            await wait_for(lambda: lead.svc.applied >= last)
+
+            storage = lead.svc.storage
+            write = storage.write_snapshot
+            storage.write_snapshot = lambda op: release.wait(30) and write(op)
+            index = lead.svc.applied
+            state = json.dumps(lead.fsm.items).encode()
+            await lead.svc.compact(index, state)
+            assert lead.svc.node.snap.index == index and storage.snapshot is None
+            assert storage.snapshot_bytes() == state        # from memory meanwhile
+
+            last = await propose_pipelined(lead.svc, [b"c%d" % i for i in range(300)])
+            await wait_for(lambda: all(m.svc.applied >= last for m in members
+                                       if m is not down))
+            await down.start(nursery)
+            await wait_for(lambda: down.svc.applied >= last)
+            assert down.fsm.items == lead.fsm.items
+            assert storage.snapshot is None and storage.log.first_seq <= index
+
+            release.set()
+            await wait_for(lambda: storage.snapshot is not None)
+            assert storage.snapshot.index == index and storage.log.first_seq == index + 1
+            assert storage.snapshot_bytes() == state        # now from its file
+            for m in members:
+                await m.stop()
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        release.set()
+
+
 def test_leader_step_down_hands_over_to_a_caught_up_peer(tmp_path):
     async def main():
         net = LocalNetwork()
-        members = [Member(net, tmp_path, p, RaftConfig()) for p in PEERS]
         async with trio.open_nursery() as nursery:
-            for m in members:
-                await m.start(nursery)
-            await wait_for(lambda: leader_of(members) is not None)
-            lead = leader_of(members)
+            members, lead = await start_group(nursery, net, tmp_path, RaftConfig())
             last = await propose_pipelined(lead.svc, [b"%d" % i for i in range(100)])
             await wait_for(lambda: all(m.svc.applied >= last for m in members))
             term = lead.svc.term

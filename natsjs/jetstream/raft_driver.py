@@ -155,6 +155,7 @@ class RaftStorage:
         self.peers: tuple = ()
         self.snapshot: SnapshotMeta | None = None
         self._snap_file = None
+        self._staged = None        # (index, data): a snapshot taken, not yet on disk
         self._incoming = None      # name of the snapshot being received
         self._clamp = None         # lowest truncation point since the running sync began
         self.recovered_truncations = 0
@@ -319,13 +320,22 @@ class RaftStorage:
         return rec[2] if isinstance(rec[2], bytes) else bytes(rec[2])
 
     def snapshot_chunk(self, offset: int, size: int) -> bytes:
+        if self._staged is not None:
+            return self._staged[1][offset:offset + size]
         return self.files.read_at(self._snap_file, offset, size)
 
     def snapshot_bytes(self) -> bytes:
         """The whole current snapshot (for the application's restore)."""
+        if self._staged is not None:
+            return self._staged[1]
         if self.snapshot is None:
             return b""
         return self.files.read_at(self._snap_file, 0, self.snapshot.size)
+
+    def stage_snapshot(self, index: int, data: bytes) -> None:
+        """The node took a snapshot that is not on disk yet: until ``snapshot_written``,
+        what the node reads of its current snapshot (to send to a follower) is this."""
+        self._staged = (index, data)
 
     # -- effects
 
@@ -350,14 +360,7 @@ class RaftStorage:
             self._truncated(op[1])
             self.log.truncate(op[1])
         elif kind == OP_SNAPSHOT_SAVE:
-            _, index, term, peers, data = op
-            name = "snap-%d.bin" % index
-            self.files.write_file(name, data)
-            self._set_snapshot(SnapshotMeta(index, term, tuple(peers), len(data)), name,
-                               zlib.crc32(data))
-            # the snapshot is durable, so the entries it covers can go
-            if self.log.first_seq <= index:
-                self.log.compact(index + 1)
+            self.snapshot_written(op, self.write_snapshot(op))
         elif kind == OP_SNAPSHOT_CHUNK:
             _, index, term, offset, data = op
             self._incoming = "snap-%d.tmp" % index
@@ -367,8 +370,9 @@ class RaftStorage:
             name = "snap-%d.bin" % index
             self.files.promote(self._incoming, name)
             self._incoming = None
-            self._set_snapshot(SnapshotMeta(index, term, tuple(peers), size), name,
-                               zlib.crc32(self.files.read_at(name, 0, size)))
+            meta = SnapshotMeta(index, term, tuple(peers), size)
+            self._write_meta(meta, name, zlib.crc32(self.files.read_at(name, 0, size)))
+            self._adopt(meta, name)
             # The whole log is replaced; the next sync makes the empty log durable (and
             # recovery drops entries that do not continue the snapshot meanwhile).
             self._truncated(0)
@@ -376,12 +380,35 @@ class RaftStorage:
         else:  # pragma: no cover - a programming error in the node
             raise ValueError("unknown raft log op %r" % (kind,))
 
-    def _set_snapshot(self, meta: SnapshotMeta, name: str, crc: int) -> None:
-        old = self._snap_file
+    def write_snapshot(self, op) -> str:
+        """Make an OP_SNAPSHOT_SAVE's snapshot durable (its file, then snapshot.json);
+        touches no log, so it may run in a thread while entries are appended.  Returns
+        the file's name, for ``snapshot_written``."""
+        _, index, term, peers, data = op
+        name = "snap-%d.bin" % index
+        self.files.write_file(name, data)
+        self._write_meta(SnapshotMeta(index, term, tuple(peers), len(data)), name,
+                         zlib.crc32(data))
+        return name
+
+    def snapshot_written(self, op, name: str) -> None:
+        """After ``write_snapshot``: the snapshot is the current one, and the entries it
+        covers leave the log (never while an fsync runs on it)."""
+        _, index, term, peers, data = op
+        self._adopt(SnapshotMeta(index, term, tuple(peers), len(data)), name)
+        if self._staged is not None and self._staged[0] <= index:
+            self._staged = None
+        if self.log.first_seq <= index:
+            self.log.compact(index + 1)
+
+    def _write_meta(self, meta: SnapshotMeta, name: str, crc: int) -> None:
         self.files.write_json(SNAPSHOT, _sealed({"index": meta.index, "term": meta.term,
                                                  "peers": list(meta.peers),
                                                  "size": meta.size, "file": name,
                                                  "sum": crc}))
+
+    def _adopt(self, meta: SnapshotMeta, name: str) -> None:
+        old = self._snap_file
         self.snapshot = meta
         self._snap_file = name
         if old and old != name:
@@ -612,6 +639,7 @@ class RaftService:
         self._queued = collections.deque()  # received while busy (``receive``)
         self._queued_ev = trio.Event()
         self._fsync_submit = fsync_submit
+        self._last_save = None       # trio.Event: the latest snapshot save is done
         bind = getattr(transport, "bind", None)
         if bind is not None:
             bind(self)      # messages for us may be stepped in the receiving task
@@ -693,7 +721,11 @@ class RaftService:
 
     async def compact(self, index: int, data: bytes) -> None:
         async with self._lock:
+            before = self.node.snap.index
             self.node.compact(index, data)
+            if self.node.snap.index != before:
+                # the node may send it to a follower before the files are written
+                self.storage.stage_snapshot(index, data)
             await self._drive()
 
     async def wait_applied(self, index: int) -> None:
@@ -926,7 +958,12 @@ class RaftService:
             for op in r.ops:
                 if op[0] == OP_APPEND:
                     storage.append(op[1], op[2])
+                elif op[0] == OP_SNAPSHOT_SAVE:
+                    self._save_snapshot_soon(op)
                 else:
+                    # after the snapshots being saved, which they may replace
+                    if self._last_save is not None:
+                        await self._last_save.wait()
                     # truncation, snapshots: never while an fsync is running on the
                     # log, and none starts until they are done
                     self._log_busy = True
@@ -941,6 +978,43 @@ class RaftService:
                 self._want_sync_now()
             r.ops = []
         self._effects(r)
+
+    # -- snapshots: written while the group goes on
+    #
+    # Saving a snapshot is four fsyncs (its file and snapshot.json, each with its
+    # directory), some milliseconds in all.  Done in line, the group stood still that
+    # long -- no appends, acknowledgements or commits -- on every replica at once, since
+    # all of them take a snapshot after the same number of records.  The files go to a
+    # thread instead while entries flow; until they are written, the storage serves the
+    # snapshot from memory (``stage_snapshot``); then the log forgets what it covers,
+    # between two fsyncs.  Saves run one after another, and a truncation or an installed
+    # snapshot waits for them.
+
+    def _save_snapshot_soon(self, op) -> None:
+        prev, done = self._last_save, trio.Event()
+        self._last_save = done
+        self._nursery.start_soon(self._save_snapshot, op, prev, done)
+
+    async def _save_snapshot(self, op, prev, done) -> None:
+        try:
+            if prev is not None:
+                await prev.wait()
+            name = await trio.to_thread.run_sync(self.storage.write_snapshot, op)
+            self._log_busy = True
+            try:
+                while self._syncing is not None:
+                    await self._sync_idle.wait()
+                self.storage.snapshot_written(op, name)
+            finally:
+                self._log_busy = False
+            if self._sync_wanted:
+                self._want_sync_now()
+        except Exception as exc:
+            # The service's task raises it, as if the save had been done there.
+            self._failure = exc
+            self._wake.set()
+        finally:
+            done.set()
 
     def _effects(self, r) -> None:
         """What of a Ready needs no waiting: appends, messages, applies."""
