@@ -654,8 +654,11 @@ class RaftNode:
         follower that heard from us refuses votes for that long (``_in_lease``).  A leader
         that was paused (SIGSTOP) or cut off keeps ``role == LEADER`` until check-quorum
         or a higher term tells it otherwise; what it does on its own authority without a
-        round trip (a consumer's deliveries) must wait for this to hold again."""
-        if self.role != LEADER:
+        round trip (a consumer's deliveries) must wait for this to hold again.  Nor is
+        there a lease while handing leadership over: the target campaigns at once
+        (TimeoutNow) and the followers do not wait out the lease for it, so it can lead
+        before this node hears of it -- and this node can record nothing meanwhile."""
+        if self.role != LEADER or self._transfer_to is not None:
             return False
         lease = self.cfg.election_timeout_min
         heard = 1 if self.id in self.voters else 0
