@@ -41,7 +41,8 @@ import time
 from pathlib import Path
 
 from .servers import (HOST, LOAD_CPU, NATSJS, REFERENCE, SERVER_CPU, ServerKind, _http_json,
-                      _wait_port, free_ports, on_cpu, rss_bytes, server_kinds, stop)
+                      _wait_port, free_ports, on_cpu, read_until, rss_bytes, server_kinds,
+                      stop)
 
 REPO = Path(__file__).resolve().parent.parent
 CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"lang":"bench","version":"1"}\r\n'
@@ -53,22 +54,6 @@ TITLES = {"subs": "subscribe (1 connection, %(subs)dk SUB, then PING)",
 
 
 # --------------------------------------------------------------------------- helpers
-
-def read_until(sock: socket.socket, token: bytes, buf: bytearray, timeout: float) -> None:
-    """Read (blocking) until ``token`` is in ``buf``; what came is left in ``buf``."""
-    deadline = time.monotonic() + timeout
-    while token not in buf:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("no %r within %gs (have %r)" % (token, timeout, bytes(buf[-80:])))
-        sock.settimeout(left)
-        chunk = sock.recv(1 << 16)
-        if not chunk:
-            raise ConnectionError("server closed the connection (have %r)" % bytes(buf[-200:]))
-        buf += chunk
-        if b"-ERR" in buf:
-            raise ConnectionError("server error: %r" % bytes(buf[buf.index(b"-ERR"):][:200]))
-
 
 def sub_lines(n: int, prefix: bytes, first_sid: int = 1) -> bytes:
     return b"".join(b"SUB %s.%d %d\r\n" % (prefix, i, first_sid + i) for i in range(n))

@@ -272,29 +272,32 @@ def _js_api_answers(port: int, timeout: float = 1.0) -> bool:
     and still have "no responders" for the API for a moment."""
     try:
         with socket.create_connection((HOST, port), timeout=timeout) as s:
-            s.settimeout(timeout)
             s.sendall(b'CONNECT {"verbose":false,"headers":true,"no_responders":true}\r\n'
                       b"SUB _BENCH.ready 1\r\nPUB $JS.API.INFO _BENCH.ready 0\r\n\r\n")
-            buf = b""
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    return False
-                buf += chunk
-                if b"HMSG _BENCH.ready" in buf:
-                    return False            # a status: 503 no responders
-                at = buf.find(b"MSG _BENCH.ready")
-                if at >= 0:
-                    head_end = buf.find(b"\r\n", at)
-                    if head_end < 0:
-                        continue
-                    size = int(buf[at:head_end].split()[-1])
-                    body = buf[head_end + 2:head_end + 2 + size]
-                    if len(body) < size:
-                        continue
-                    return b'"error"' not in body
-    except (OSError, ValueError):
+            buf = bytearray()
+            read_until(s, b"_BENCH.ready 1 ", buf, timeout)
+            if b"HMSG _BENCH.ready" in buf:
+                return False            # a status: 503 no responders
+            read_until(s, b"}\r\n", buf, timeout)
+            return b'"error"' not in buf[buf.index(b"MSG _BENCH.ready"):]
+    except OSError:                     # TimeoutError, ConnectionError included
         return False
+
+
+def read_until(sock: socket.socket, token: bytes, buf: bytearray, timeout: float) -> None:
+    """Read (blocking) until ``token`` is in ``buf``; what came is left in ``buf``."""
+    deadline = time.monotonic() + timeout
+    while token not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no %r within %gs (have %r)" % (token, timeout, bytes(buf[-80:])))
+        sock.settimeout(left)
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            raise ConnectionError("server closed the connection (have %r)" % bytes(buf[-200:]))
+        buf += chunk
+        if b"-ERR" in buf:
+            raise ConnectionError("server error: %r" % bytes(buf[buf.index(b"-ERR"):][:200]))
 
 
 def _meta_complete(nodes: list[NodePlan]) -> bool:
