@@ -156,7 +156,6 @@ class Consumer:
         self.pacer = Pacer.for_consumer(self)
         self._held = None
         self._pace_until = 0.0
-        self._full = False          # the last turn stopped at its burst (_deliver_some)
         if cfg["deliver_policy"] == "last_per_subject" and state.dseq == 1:
             self._setup_lss()
 
@@ -449,8 +448,7 @@ class Consumer:
                 with trio.move_on_after(LEASE_RECHECK):
                     await self._wake.park()
                 continue
-            self._deliver_some()
-            if self._full:
+            if self._deliver_some():
                 await trio.lowlevel.checkpoint()
                 continue
             timeout = self._housekeeping()
@@ -463,32 +461,32 @@ class Consumer:
                 with trio.move_on_after(max(timeout, 0.0005)):
                     await self._wake.park()
 
-    def _deliver_some(self) -> int:
-        """Deliver what is ready, up to a turn's burst (``self._full`` then: more may be
-        ready); returns how many went out."""
-        self._full = False
+    def _deliver_some(self) -> bool:
+        """Deliver what is ready, up to a turn's burst; True when the turn stopped at its
+        burst (more may be ready)."""
         if self.paused_until and now_ns() < self.paused_until:
-            return 0
+            return False
         if self._pace_until:
             if trio.current_time() < self._pace_until:
-                return 0
+                return False
             self._pace_until = 0.0
         if self.push:
             if not self.active or (self.cfg["flow_control"] and self._pbytes > self._maxpb):
-                return 0
+                return False
         elif not self.waiting:
-            return 0
+            return False
         delivered = 0
+        full = False
         acc = self.stream.jsa.account
         pub = self.js.publisher(acc)
         self._now = now_ns()
         nbytes = 0
         try:
             if self._fast_ok():
-                delivered = self._deliver_fast(pub)
-            while not self._full:
+                delivered, full = self._deliver_fast(pub)
+            while not full:
                 if delivered >= DELIVER_BURST or nbytes >= BURST_BYTES:
-                    self._full = True
+                    full = True
                     break
                 if not self.push and not self.waiting:
                     break
@@ -531,7 +529,7 @@ class Consumer:
                 self._dlog = []
         if delivered:
             self._last_hb = trio.current_time()
-        return delivered
+        return full
 
     # ---- the fast path: first deliveries straight from the log (natsjs/_core/jsdeliver) ---
 
@@ -544,7 +542,9 @@ class Consumer:
                 and not (self.push and self.cfg["flow_control"])
                 and not (self.ack_none and self.stream.cfg["retention"] != "limits"))
 
-    def _deliver_fast(self, pub) -> int:
+    def _deliver_fast(self, pub) -> tuple[int, bool]:
+        """First deliveries straight from the log, up to the fast path's burst: returns how
+        many went out and whether the burst was reached."""
         st = self.st
         stream = self.stream
         limit = min(stream.synced_seq, stream.store.last_seq)
@@ -603,8 +603,7 @@ class Consumer:
                     wr.hbt = trio.current_time() + wr.hb
             if n == 0 and not stopped:
                 break
-        self._full = total >= burst
-        return total
+        return total, total >= burst
 
     def _after_fast(self, out: list, n: int, pending: int) -> None:
         st = self.st
