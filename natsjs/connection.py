@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from natsjs._core import parser as P
+from natsjs._core.fanout import consume
 from natsjs._core.parser import ProtocolError
 from natsjs.tls import PlainTransport
 
@@ -299,7 +300,7 @@ class Connection:
                     break
                 await t.wait_writable()
                 try:
-                    del out[:t.send(out)]
+                    consume(out, t.send(out))
                 except BlockingIOError:
                     continue
                 except OSError:
@@ -527,7 +528,7 @@ class Connection:
             self.close(WRITE_ERROR)
             return
         if n:
-            del out[:n]
+            consume(out, n)
         if out:
             self.write_blocked = True
             self._wake_writer()
@@ -600,7 +601,7 @@ class Connection:
                     del out[:]
                     self.close(WRITE_ERROR)
                     return
-                del out[:n]
+                consume(out, n)
             self.write_blocked = False
             if self._drained is not None:
                 self._drained.unpark_all()
