@@ -24,7 +24,8 @@ messages then take exactly one hop.  Wire behaviour follows nats-server v2.10+
   loses no message; connections no longer wanted are retired once idle.
 * **Duplicates**: when two servers dial each other, the connection registered first
   keeps its slot on each side (route.go handleDuplicateRoute) and is redialled if
-  the peer kept the other one.
+  the peer kept the other one; two natsjs servers keep the one dialled by the server
+  whose id sorts first, so they never both close theirs.
 """
 from __future__ import annotations
 
@@ -592,6 +593,24 @@ class Cluster:
             existing.solicit = dataclasses.replace(existing.solicit, explicit=True)
         existing.retry = True
 
+    def _keeps_new(self, existing: Route, new: Route, info: dict, no_reconnect: bool) -> bool:
+        """Resolve ``new`` arriving for the slot ``existing`` holds: True when ``new``
+        takes it (``existing`` is closed), False when ``new`` was closed.
+
+        Two servers that dialled each other at once may each register their own
+        connection first and then close the other's: both go, and the pair has no
+        route until the redial a second later (nats-server's way; a subscription made
+        meanwhile reaches nobody).  Two natsjs servers agree instead: the connection
+        dialled by the server whose id sorts first stays, on both sides.
+        """
+        if "natsjs" in info and existing.dialled != new.dialled:
+            ours, theirs = self.server.server_id, new.remote_id
+            if (ours if new.dialled else theirs) < (ours if existing.dialled else theirs):
+                self._duplicate(new, existing, no_reconnect=True)
+                return True
+        self._duplicate(existing, new, no_reconnect)
+        return False
+
     @staticmethod
     def _upgrade_to_solicited(route: Route, s: Solicit | None) -> None:
         """route.go upgradeRouteToSolicited: a pool shares the dialled URL."""
@@ -644,8 +663,8 @@ class Cluster:
                 route.close(ROUTE_REMOVED, 'No route for account "%s"' % account)
                 return
             existing = self._live(remote.pinned.get(account))
-            if existing is not None:
-                self._duplicate(existing, route, no_reconnect=True)
+            if existing is not None and \
+                    not self._keeps_new(existing, route, info, no_reconnect=True):
                 return
             remote.pinned[account] = route
             route.account = account
@@ -653,8 +672,8 @@ class Cluster:
             route.core.no_account = True
         elif no_pool:
             existing = self._live(remote.pool[0]) if remote.pool else None
-            if existing is not None:
-                self._duplicate(existing, route, no_reconnect=True)
+            if existing is not None and \
+                    not self._keeps_new(existing, route, info, no_reconnect=True):
                 return
             remote.no_pool = True
             remote.pool = [route]
@@ -685,8 +704,8 @@ class Cluster:
                                 "size is %d" % (idx, remote_pool))
                     return
                 existing = self._live(remote.pool[idx])
-                if existing is not None:
-                    self._duplicate(existing, route, no_reconnect=False)
+                if existing is not None and \
+                        not self._keeps_new(existing, route, info, no_reconnect=False):
                     return
                 dialled = next((r for r in remote.pool if self._live(r) is not None
                                 and r.did_solicit), None)

@@ -542,14 +542,13 @@ def _closed_by_peer(sock, timeout=TIMEOUT):
     return True
 
 
-def test_duplicate_route_keeps_the_connection_already_registered(procs, tmp_path):
-    """Two servers that dial each other at once: nats-server keeps whichever
-    connection it registered first and closes the newcomer (route.go
-    handleDuplicateRoute).  A server that decided otherwise (say by comparing ids)
-    would, next to a reference peer, close the one the peer kept: both go, and the
-    pair churns.  A scripted peer registers on its own connection first, then
-    answers natsjs's dial."""
-    fake_id = "N" + "Z" * 55          # above any real id: an id order would pick ours
+def _crossing_dials(procs, tmp_path, extra_info):
+    """A natsjs server (no pooling) dialling a scripted peer that dials it back at the
+    same time; the peer's own connection is registered first, natsjs's dial waits
+    for the peer's INFO.  Returns the server, the peer's listening socket, both
+    connections (natsjs's ``dialled``, the peer's ``mine``), the peer's INFO and the
+    /routez entry of the peer's connection."""
+    fake_id = "N" + "Z" * 55          # above any real id: an id order picks natsjs's
     lsock = socket.socket()
     lsock.bind(("127.0.0.1", 0))
     lsock.listen(4)
@@ -564,13 +563,24 @@ def test_duplicate_route_keeps_the_connection_already_registered(procs, tmp_path
     mine = socket.create_connection(("127.0.0.1", a.cluster_port), timeout=TIMEOUT)
     _read_until(mine, b"INFO ")
     info = json.dumps({"server_id": fake_id, "server_name": "fake", "cluster": "C1",
-                       "headers": True, "host": "127.0.0.1", "port": fport}).encode()
+                       "headers": True, "host": "127.0.0.1", "port": fport,
+                       **extra_info}).encode()
     mine.sendall(b'CONNECT {"name":"%s","cluster":"C1","headers":true}\r\nINFO %s\r\n'
                  % (fake_id.encode(), info))
     wait_until(lambda: remote_ids(a) == {fake_id}, "the scripted peer registered")
-    [kept] = http_json(a, "/routez")["routes"]
-    assert not kept["did_solicit"]
+    [first] = http_json(a, "/routez")["routes"]
+    assert not first["did_solicit"]
+    return a, lsock, dialled, mine, info, first
 
+
+def test_duplicate_route_keeps_the_connection_already_registered(procs, tmp_path):
+    """Two servers that dial each other at once: nats-server keeps whichever
+    connection it registered first and closes the newcomer (route.go
+    handleDuplicateRoute).  A server that decided otherwise (say by comparing ids)
+    would, next to a reference peer, close the one the peer kept: both go, and the
+    pair churns.  A scripted peer registers on its own connection first, then
+    answers natsjs's dial."""
+    a, lsock, dialled, mine, info, kept = _crossing_dials(procs, tmp_path, {})
     dialled.sendall(b"INFO " + info + b"\r\n")        # natsjs's own dial now completes
     assert _closed_by_peer(dialled)                    # ... and is the duplicate
     [route] = http_json(a, "/routez")["routes"]
@@ -587,6 +597,26 @@ def test_duplicate_route_keeps_the_connection_already_registered(procs, tmp_path
     for s in (dialled, again, lsock):
         s.close()
 
+
+def test_natsjs_peers_dialling_at_once_keep_the_connection_of_the_lower_id(procs, tmp_path):
+    """The same crossing dials with a natsjs peer (its INFO says so): both sides keep
+    the connection dialled by the server whose id sorts first, whichever each
+    registered first, so they never both close theirs (which left a pair of natsjs
+    servers without a route for a second now and then when started together).  The
+    scripted peer's id sorts after any real one: natsjs keeps its own dial and
+    closes the peer's."""
+    a, lsock, dialled, mine, info, first = _crossing_dials(procs, tmp_path,
+                                                           {"natsjs": "0.1.0"})
+    dialled.sendall(b"INFO " + info + b"\r\n")        # natsjs's own dial completes
+    assert _closed_by_peer(mine)                       # ... and replaces the peer's
+    wait_until(lambda: [r["rid"] for r in http_json(a, "/routez")["routes"]] not in
+               ([], [first["rid"]]), "natsjs's own connection registered")
+    [route] = http_json(a, "/routez")["routes"]
+    assert route["did_solicit"] and route["remote_id"] == first["remote_id"]
+    dialled.sendall(b"PING\r\n")
+    _read_until(dialled, b"PONG")
+    for s in (dialled, lsock):
+        s.close()
 
 RELOAD_ACCOUNTS = ("accounts { X { users: [{user: x, password: x}] }\n"
                    "           Y { users: [{user: y, password: y}] } }\n")
