@@ -249,7 +249,10 @@ def _wait_cluster(nodes: list[NodePlan], topology: Topology, deadline: float,
                 continue
             time.sleep(settle_s)
             return
-        if all(r.get("num_routes", 0) >= want for r in routez):
+        # every peer, not just as many connections (a pool of three to one peer is
+        # three routes; its pair may still be forming)
+        if all(len({rt.get("remote_id") for rt in r.get("routes") or []}) >= want
+               for r in routez):
             break
         time.sleep(0.1)
     if topology.jetstream:
