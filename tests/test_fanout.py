@@ -238,6 +238,17 @@ def test_subscribe_permissions_checked_from_the_core():
     assert [sids for sids, _ in rec.batches] == [[(b"ok.1", None, b"1")], [(b"ok.2", b"g", b"3")]]
 
 
+def subscriber_and_publisher():
+    """Two client cores on one sublist, the first subscribed to ``s`` (sid 1)."""
+    sl = Sublist()
+    sub = ClientCore(Recorder().on_op, None, sl)
+    pub = ClientCore(Recorder().on_op, None, sl)
+    sub.fast_subs = pub.fast_subs = True
+    sub.verbose = pub.verbose = False
+    sub.feed(b"SUB s 1\r\n")
+    return sub, pub
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_pending_output_survives_any_mix_of_appends_and_writes(seed):
     """A subscriber's pending output grows at the back while the socket takes some from
@@ -246,12 +257,7 @@ def test_pending_output_survives_any_mix_of_appends_and_writes(seed):
     the bytes taken from the front are the frames in order, and an emptied buffer
     gives its memory back."""
     rnd = random.Random(seed)
-    sl = Sublist()
-    sub = ClientCore(Recorder().on_op, None, sl)
-    pub = ClientCore(Recorder().on_op, None, sl)
-    sub.fast_subs = pub.fast_subs = True
-    sub.verbose = pub.verbose = False
-    sub.feed(b"SUB s 1\r\n")
+    sub, pub = subscriber_and_publisher()
     wire = bytearray()
     expected = bytearray()
     for i in range(3000):
@@ -267,3 +273,33 @@ def test_pending_output_survives_any_mix_of_appends_and_writes(seed):
     assert wire == expected
     consume(sub.out, len(sub.out))
     assert len(sub.out) == 0 and sub.out.__alloc__() <= 1
+
+
+def test_a_steady_backlog_stays_in_its_allocation():
+    """A subscriber that reads as fast as messages come, a megabyte behind: once its
+    buffer has grown, the backlog moves back to the start of the same allocation each
+    time it reaches the end, and no new one is allocated (that copies the whole
+    backlog into memory the kernel must fault in).  Where the contents start is read
+    through a view, released at once: it advances frame by frame and jumps when the
+    backlog moves, always to the same place."""
+    import ctypes
+    sub, pub = subscriber_and_publisher()
+    frame = b"PUB s 1000\r\n" + b"x" * 1000 + b"\r\n"
+    size = len(b"MSG s 1 1000\r\n") + 1002
+    while len(sub.out) < 1 << 20:
+        pub.feed(frame)
+
+    def address():
+        return ctypes.addressof(ctypes.c_char.from_buffer(sub.out))
+
+    jumps = set()
+    last = address()
+    for i in range(20000):
+        pub.feed(frame)
+        consume(sub.out, size)
+        now = address()
+        if now != last + size and i >= 2000:
+            jumps.add(now)
+        last = now
+    assert len(sub.out) >= 1 << 20
+    assert len(jumps) == 1, "the backlog moved to %d places" % len(jumps)
