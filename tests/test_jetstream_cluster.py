@@ -323,6 +323,27 @@ def test_meta_leader_step_down_by_the_system_user(cluster3doc):
     run(main())
 
 
+
+def test_meta_step_down_without_a_meta_leader_goes_unanswered(cluster3doc):
+    """Only the meta leader answers a meta step-down, as in nats-server: with two of
+    three servers gone the last one has no leader and says nothing (the request times
+    out).  A follower that answered "temporarily unavailable" could, just after an
+    election, answer before the new leader it had not yet heard of (the CLI's
+    second step-down failing under CI load)."""
+    cluster3doc.wait_meta_leader()
+    for i in (1, 2):
+        cluster3doc.kill(i)
+
+    async def main():
+        def no_leader():
+            return not (cluster3doc.http(0, "/jsz").get("meta_cluster") or {}).get("leader")
+        await until(_async(no_leader))
+        snc = await sys_connect(cluster3doc)
+        with pytest.raises(nats.errors.TimeoutError):
+            await snc.request("$JS.API.META.LEADER.STEPDOWN", b"", timeout=1.0)
+        await snc.close()
+    asyncio.run(main())
+
 def _async(fn):
     async def pred():
         try:

@@ -649,13 +649,11 @@ class JetStreamCluster:
 
     def _on_meta_stepdown(self, sub, subject, reply, hdr, msg) -> None:
         """$JS.API.META.LEADER.STEPDOWN: the meta leader hands over (optionally to the
-        server named in ``placement.preferred``)."""
+        server named in ``placement.preferred``).  Only the leader answers, as in
+        nats-server: a follower that has not yet heard of a newly elected leader used
+        to answer "temporarily unavailable", and its answer could come first."""
         rtype = "meta_leader_stepdown_response"
-        if not reply or self.meta is None:
-            return
-        if self.leaderless():
-            return self._sys_reply(reply, rtype, ApiError.of("JSClusterNotAvailErr"))
-        if not self.meta.is_leader():
+        if not reply or self.meta is None or not self.meta.is_leader():
             return
         body = msg[hdr:] if hdr and hdr > 0 else msg
         to = None
