@@ -262,12 +262,11 @@ def test_push_consumer_of_large_messages_is_not_a_slow_consumer(natsjs_js):
     pending limit (64 MB), or the client is cut off as a slow consumer although it
     reads as fast as it can.  (natsjs only: nats-server writes such a consumer flat out
     and did cut this client off in one loaded CI run.)"""
-    js_server = natsjs_js
     body = b"x" * (512 * 1024)
     n = 160
 
     async def main():
-        nc, js = await connect(js_server)
+        nc, js = await connect(natsjs_js)
         await js.add_stream(name="BIG", subjects=["big"])
         for _ in range(n):
             await js.publish("big", body, timeout=TIMEOUT)

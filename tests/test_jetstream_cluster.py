@@ -323,7 +323,6 @@ def test_meta_leader_step_down_by_the_system_user(cluster3doc):
     run(main())
 
 
-
 def test_meta_step_down_without_a_meta_leader_goes_unanswered(cluster3doc):
     """Only the meta leader answers a meta step-down, as in nats-server: with two of
     three servers gone the last one has no leader and says nothing (the request times
@@ -342,7 +341,7 @@ def test_meta_step_down_without_a_meta_leader_goes_unanswered(cluster3doc):
         with pytest.raises(nats.errors.TimeoutError):
             await snc.request("$JS.API.META.LEADER.STEPDOWN", b"", timeout=1.0)
         await snc.close()
-    asyncio.run(main())
+    run(main())
 
 def _async(fn):
     async def pred():
