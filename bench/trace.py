@@ -84,6 +84,7 @@ RESULTS = pa.schema([
     ("samples", pa.int64()),           # latency rows written for this repeat (0: no trace)
     ("rss_mb", pa.float64()),          # servers' resident memory after the load (rss scenarios)
     ("leaders", pa.string()),          # JSON {"stream": i, "consumer": j}: leaders' nodes (JS clusters)
+    ("restarts", pa.int32()),          # topology started afresh after "no responders" (bench.run)
     ("error", pa.string()),            # null when natsbench succeeded
     ("natsbench_args", pa.string()),
     ("server_args", pa.string()),      # JSON list of per-node flag lists
@@ -414,9 +415,17 @@ def read_table(run_dirs: Iterable[Path | str], name: str) -> pa.Table:
     """One of meta/results/throughput/micro, concatenated over ``run_dirs`` (missing files
     are skipped) and cast to its schema."""
     schema = TABLES[name]
-    parts = [pq.read_table(Path(d) / f"{name}.parquet").select(schema.names).cast(schema)
+    parts = [_conform(pq.read_table(Path(d) / f"{name}.parquet"), schema)
              for d in run_dirs if (Path(d) / f"{name}.parquet").exists()]
     return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` in ``schema``'s columns and types; a column added since it was written
+    (``restarts``) reads as nulls."""
+    cols = [table[f.name].cast(f.type) if f.name in table.column_names
+            else pa.nulls(len(table), f.type) for f in schema]
+    return pa.Table.from_arrays(cols, schema=schema)
 
 
 def latency_files(run_dirs: Iterable[Path | str]) -> list[str]:

@@ -136,3 +136,32 @@ def test_cluster_scenario_records_where_the_leaders_were(tools, tmp_path, capsys
         leaders = json.loads(r["leaders"])
         assert leaders["stream"] in (0, 1, 2) and leaders["consumer"] in (0, 1, 2), r
     assert "JetStream R3 fetch 128 B by placement: leader on the client's node:" in out
+
+
+def test_a_run_that_meets_no_responders_first_is_started_again(tools, tmp_path, capsys):
+    """natsbench's first request can find no responders while a just-elected JetStream
+    leader's interest crosses the routes (nats-server, about once in 10-15 starts).  The
+    runner starts the topology afresh and says so in the row; here a wrapper makes the
+    first natsbench call fail that way and runs the real one after."""
+    nb, ns = tools
+    calls = tmp_path / "calls"
+    wrapper = tmp_path / "natsbench-once-unanswered"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"echo x >> {calls}\n"
+        f"if [ $(wc -l < {calls}) -eq 1 ]; then\n"
+        "  echo '{\"error\": \"nats: no responders available for request\"}'; exit 1\n"
+        "fi\n"
+        f'exec {nb} "$@"\n')
+    wrapper.chmod(0o755)
+    results = tmp_path / "results"
+    rc = run.main(["--natsbench", str(wrapper), "--nats-server", ns, "--natsjs-cmd", ns,
+                   "--scenario", "jspub", "-n", "2000", "--repeat", "1",
+                   "--results", str(results)])
+    out, err = capsys.readouterr()
+    assert rc == 0, out
+    assert "no responders available for request before the first message; started again" in err
+    res = trace.read_table(trace.discover([results]), "results").to_pylist()
+    assert all(r["error"] is None and r["msgs_per_sec"] > 0 for r in res), res
+    assert sorted(r["restarts"] for r in res) == [0, 1]
+    assert len(calls.read_text().split()) == 3

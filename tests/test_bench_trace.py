@@ -141,3 +141,17 @@ def test_ratio_table_medians_and_errors():
     assert "1 failed: server: exited" in table
     one = run.ratio_table(run.summarise(rows, ["nats-server"]), ["nats-server"])
     assert "ratio" not in one
+
+
+def test_a_results_table_written_before_a_column_was_added_reads_it_as_null(tmp_path):
+    """Trace folders outlive the runner: one written before ``restarts`` existed still
+    reads, the new column null."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    old = [f for f in trace.RESULTS if f.name != "restarts"]
+    row = {"run_id": "r", "scenario": "pub", "server": "natsjs", "msgs_per_sec": 5.0}
+    pq.write_table(pa.table({f.name: [row.get(f.name)] for f in old}, schema=pa.schema(old)),
+                   tmp_path / "results.parquet")
+    got = trace.read_table([tmp_path], "results").to_pylist()
+    assert got[0]["restarts"] is None and got[0]["msgs_per_sec"] == 5.0
+    assert got[0]["scenario"] == "pub"
