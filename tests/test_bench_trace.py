@@ -74,7 +74,7 @@ def test_micro_from_pytest_benchmark_json(tmp_path):
 def test_scenario_catalogue_and_args():
     cat = scenarios.load()
     default = [s.name for s in cat.select()]
-    assert default == ["pub", "pubsub", "pubsub-1k", "req"]
+    assert default == ["pub", "pubsub", "pubsub-1k", "fanout-4", "req"]
     route = cat.select(["route-pubsub"])[0]
     assert route.topology.nodes == 3 and route.topology.cluster
     args = route.natsbench_args(["nats://a:1", "nats://b:2", "nats://c:3"], 500, "/tmp/t.csv")
