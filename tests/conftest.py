@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -130,6 +131,48 @@ def _started(start):
     yield make
     for s in servers:
         s.stop()
+
+
+# The newer Python clients on PyPI (nats-core, nats-jetstream, nats-key-value) need
+# Python 3.13: pyenv's, with a virtualenv of theirs made on first use.
+PY313 = Path.home() / ".pyenv/versions/3.13.0/bin/python3"
+NEW_CLIENTS_VENV = Path.home() / ".cache/natsjs-nats-core/venv"
+
+
+def py313_with(packages: list[str], imports: str) -> str:
+    """The virtualenv's Python with ``packages`` installed (``imports`` must run), or a
+    skip saying why there is none."""
+    python = NEW_CLIENTS_VENV / "bin/python"
+    check = [str(python), "-c", imports]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return str(python)
+    if not PY313.exists():
+        pytest.skip("%s need Python 3.13, not found at %s" % (", ".join(packages), PY313))
+    try:
+        if not python.exists():
+            subprocess.run([str(PY313), "-m", "venv", str(NEW_CLIENTS_VENV)], check=True,
+                           capture_output=True, timeout=120)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *packages],
+                       check=True, capture_output=True, timeout=300)
+        subprocess.run(check, check=True, capture_output=True)
+    except (subprocess.SubprocessError, OSError) as exc:
+        out = getattr(exc, "stderr", b"") or b""
+        pytest.skip("could not install %s (no package index?): %s %s"
+                    % (", ".join(packages), exc, out.decode(errors="replace")[-300:]))
+    return str(python)
+
+
+@pytest.fixture(scope="session")
+def nats_core_python():
+    """Python 3.13 with nats-core (tests/failover_client.py)."""
+    return py313_with(["nats-core", "nkeys"], "import nats.client, nkeys")
+
+
+@pytest.fixture(scope="session")
+def nats_jetstream_python():
+    """Python 3.13 with nats-core, nats-jetstream and nats-key-value."""
+    return py313_with(["nats-core", "nats-jetstream", "nats-key-value"],
+                      "import nats.client, nats.jetstream, nats.key_value")
 
 
 @pytest.fixture

@@ -24,8 +24,6 @@ from conftest import ServerProcess, natsjs_command, reference_server_binary, sta
     start_reference
 
 HERE = Path(__file__).parent
-PY313 = Path.home() / ".pyenv/versions/3.13.0/bin/python3"
-CORE_VENV = Path.home() / ".cache/natsjs-nats-core/venv"
 ROUNDS = {3: 5, 5: 2}
 
 
@@ -33,27 +31,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def nats_core_python():
-    """A Python 3.13 with nats-core installed, or a skip saying why there is none."""
-    python = CORE_VENV / "bin/python"
-    check = [str(python), "-c", "import nats.client, nkeys"]
-    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
-        return str(python)
-    if not PY313.exists():
-        pytest.skip("nats-core needs Python 3.13, not found at %s" % PY313)
-    try:
-        subprocess.run([str(PY313), "-m", "venv", str(CORE_VENV)], check=True,
-                       capture_output=True, timeout=120)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "nats-core", "nkeys"],
-                       check=True, capture_output=True, timeout=300)
-    except (subprocess.SubprocessError, OSError) as exc:
-        out = getattr(exc, "stderr", b"") or b""
-        pytest.skip("could not install nats-core (no package index?): %s %s"
-                    % (exc, out.decode(errors="replace")[-300:]))
-    return str(python)
 
 
 def start_cluster(kind: str, n: int) -> list[ServerProcess]:
