@@ -18,7 +18,7 @@ import traceback
 
 from nats.client import connect
 from nats.jetstream import new as jetstream
-from nats.key_value import KeyValueConfig, create_key_value, key_value
+from nats.key_value import KeyValueConfig, create_key_value, key_value, key_value_buckets
 
 STREAM = "NEWCLI"
 BUCKET = "newcli"
@@ -133,6 +133,25 @@ async def main(url: str, replicas: int, strict: bool) -> dict:
             update = await w.__anext__()
             assert (update.value, update.revision) == (b"v4", revision), update
 
+    async def manage():
+        si = await js.update_stream(name=STREAM, subjects=["newcli.>"], num_replicas=replicas,
+                                    description="updated", max_msgs=1000)
+        assert si.config.description == "updated" and si.config.max_msgs == 1000, si.config
+        stream = await js.get_stream(STREAM)
+        await stream.delete_message(5)
+        await stream.purge(filter="newcli.3")
+        si = await stream.get_info()
+        # 20 less the deleted seq 5 (newcli.0) and the five on newcli.3
+        assert si.state.messages == COUNT - 6, si.state
+        infos = [c async for c in js.list_consumers(STREAM)]
+        assert [c.name for c in infos] == ["pull"], infos
+        assert await js.delete_consumer(STREAM, "pull")
+        buckets = [b.bucket async for b in key_value_buckets(js)]
+        assert buckets == [BUCKET], buckets
+        bucket = await key_value(js, BUCKET)
+        await bucket.purge("k")
+        assert [k async for k in await bucket.keys()] == [], "keys after purge"
+
     async def cleanup():
         assert await js.delete_stream(STREAM)
 
@@ -140,7 +159,7 @@ async def main(url: str, replicas: int, strict: bool) -> dict:
                      ("publish", publish), ("stream_info", info), ("list_streams", listing),
                      ("get_message", get), ("pull_consumer", consume),
                      ("ordered_consumer", ordered), ("key_value", kv), ("kv_watch", watch),
-                     ("delete_stream", cleanup)]:
+                     ("manage", manage), ("delete_stream", cleanup)]:
         await asyncio.wait_for(step(name, fn), 30)
     await nc.close()
     return {"steps": steps, "facts": facts}
