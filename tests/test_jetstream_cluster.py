@@ -246,6 +246,35 @@ def test_stream_leader_step_down_elects_another(cluster3):
     run(main())
 
 
+def test_a_publish_right_after_a_step_down_hears_no_responders_not_silence(cluster3):
+    """The old leader drops its interest in the stream's subjects as it starts handing
+    over, before it answers: a publish sent at once gets "no responders" from the
+    client's own server (as from nats-server), and the client's retry reaches the new
+    leader within milliseconds.  Before, the old leader kept its interest, refused the
+    message and said nothing: the publisher waited out its whole timeout."""
+    async def main():
+        nc, js = await connect(cluster3, 0)
+        await js.add_stream(name="S", subjects=["s.>"], num_replicas=3)
+        for i in range(10):
+            await js.publish("s.%d" % (i % 3), b"x")
+        for round_ in range(3):
+            old = await stream_leader(js, "S")
+            resp = await nc.request("$JS.API.STREAM.LEADER.STEPDOWN.S", b"", timeout=TIMEOUT)
+            assert json.loads(resp.data).get("success") is True
+            t0 = time.monotonic()
+            while True:
+                try:
+                    ack = await js.publish("s.0", b"after", timeout=2)
+                    break
+                except nats.js.errors.NoStreamResponseError:
+                    assert time.monotonic() - t0 < 5, "no leader after 5 s"
+                    await asyncio.sleep(0.01)
+            assert ack.seq == 11 + round_
+            assert await stream_leader(js, "S") != old
+        await nc.close()
+    run(main())
+
+
 @pytest.mark.parametrize("ask", ["LEADER.STEPDOWN", "PURGE"])
 def test_what_is_asked_while_no_leader_is_left_unanswered(cluster3, ask):
     """A step-down or a purge that reaches a replica while its group elects goes

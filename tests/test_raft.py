@@ -241,6 +241,28 @@ def test_transfer_waits_until_the_target_has_every_entry():
     assert sim.run_for(1.0, until=lambda: node(sim, target).role == LEADER)
 
 
+def test_a_transfer_that_runs_out_of_tries_says_so_and_leads_on():
+    """The chosen target never catches up: after its tries the leader reports the
+    failed transfer once (a stream leader takes publishes again on it) and accepts
+    proposals again."""
+    sim = make(seed=11)
+    lead = leader(sim)
+    term = node(sim, lead).term
+    target = followers(sim)[0]
+    sim.net.isolate([{target}, set(sim.hosts) - {target}])
+    propose(sim, 10)
+    node(sim, lead).transfer_leadership(target)
+    sim.hosts[lead].process()
+    with pytest.raises(NotLeader):
+        node(sim, lead).propose(b"while handing over")
+    assert sim.run_for(6 * sim.config.election_timeout_max,
+                       until=lambda: sim.hosts[lead].transfers_failed)
+    assert sim.hosts[lead].transfers_failed == 1
+    assert node(sim, lead).role == LEADER and node(sim, lead).term == term
+    index = propose(sim, 3, "after")
+    assert sim.run_for(1.0, until=all_applied(sim, index, set(sim.hosts) - {target}))
+
+
 def test_snapshot_catches_up_a_far_behind_peer_in_chunks():
     sim = make(seed=13)
     lead = leader(sim)

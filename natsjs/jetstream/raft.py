@@ -168,7 +168,9 @@ class Ready:
     5. ``committed``: ``(index, term, data)`` of normal entries to apply, in order,
        exactly once in the node's life; ``membership``: ``(index, peers)`` of committed
        configuration entries;
-    6. ``leader`` (leader id or None, term) and ``role`` when they changed.
+    6. ``leader`` (leader id or None, term) and ``role`` when they changed;
+       ``transfer_failed`` when a leadership transfer ran out of tries and this node
+       leads on (it refused proposals meanwhile).
 
     ``more`` says there is further work to collect (a long apply backlog): call
     ``ready()`` again.  ``applied`` is the applied index when it moved (entries that
@@ -176,7 +178,7 @@ class Ready:
     """
 
     __slots__ = ("hard_state", "ops", "messages", "committed", "membership", "restore",
-                 "leader", "role", "more", "applied")
+                 "leader", "role", "transfer_failed", "more", "applied")
 
     def __init__(self):
         self.hard_state = None
@@ -187,13 +189,14 @@ class Ready:
         self.restore = None
         self.leader = None
         self.role = None
+        self.transfer_failed = False
         self.more = False
         self.applied = 0
 
     def __bool__(self):
         return bool(self.hard_state or self.ops or self.messages or self.committed or
                     self.membership or self.restore or self.leader or self.role or
-                    self.more or self.applied)
+                    self.transfer_failed or self.more or self.applied)
 
 
 class Progress:
@@ -453,10 +456,9 @@ class RaftNode:
         failed = self._transfer_to
         self._transfer_to = None
         self._transfer_tries -= 1
-        if self._transfer_tries <= 0:
-            return
         others = [p for p in self.voters if p != self.id and p in self._progress]
-        if not others:
+        if self._transfer_tries <= 0 or not others:
+            self._ready.transfer_failed = True
             return
         if self._transfer_chosen and failed in others:
             to = failed

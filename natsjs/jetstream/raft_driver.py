@@ -572,6 +572,10 @@ class StateMachine:
         """This node leads ``term`` and has applied every entry before it: what only a
         leader does (deliveries, timers) may start from an up-to-date state."""
 
+    def handing_over(self, active: bool) -> None:
+        """This leader started handing leadership over (``transfer_leadership``: it
+        refuses proposals until another leads), or gave up and leads on (False)."""
+
     def membership_changed(self, index: int, peers: tuple) -> None:
         """A configuration entry (the voters ``peers``) committed at ``index``."""
 
@@ -706,6 +710,7 @@ class RaftService:
 
     def transfer_leadership(self, to=None) -> str:
         peer = self.node.transfer_leadership(to)
+        self.fsm.handing_over(True)
         self._wake.set()
         return peer
 
@@ -1037,6 +1042,8 @@ class RaftService:
         if r.leader is not None:
             self.leader_since_ns = now_ns() if r.leader[0] == self.id else None
             self.fsm.leader_changed(*r.leader)
+        if r.transfer_failed and r.leader is None:
+            self.fsm.handing_over(False)
         node = self.node
         if self._ready_term != node.term and node.leader_caught_up():
             self._ready_term = node.term

@@ -265,6 +265,19 @@ class ReplicatedStream(_Replica):
         for c in stream.consumers.values():
             c.signal()
 
+    def handing_over(self, active: bool) -> None:
+        """A leader handing over refuses proposals: it stops taking publishes at once, so
+        that a publisher hears "no responders" from its own server and retries (as with
+        nats-server, whose old leader drops its interest) instead of waiting out its
+        timeout on a message that would be dropped here.  The interest's removal leaves
+        before the step-down's answer.  A transfer that fails leaves this node leading:
+        it takes publishes again."""
+        stream = self.stream
+        if active:
+            stream._unsubscribe_capture()
+        elif self.is_leader() and not self.awaiting_restore():
+            stream._subscribe_capture()
+
     def _answer_create(self) -> None:
         """The stream's first leader answers the create request (as nats-server's does)."""
         reply = self.sa["reply"].encode()

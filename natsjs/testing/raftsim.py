@@ -252,6 +252,7 @@ class SimHost:
                                    # finish_restore() (a stream fetching its messages)
         self.restoring = 0      # > 0: a received snapshot is being restored
         self.app = []          # [(index, value)] applied, in order
+        self.transfers_failed = 0  # leadership transfers given up, leading on
 
     def start(self):
         sim = self.sim
@@ -319,6 +320,8 @@ class SimHost:
                 sim.net.send(self.id, peer, data)
             if r.role == LEADER:
                 sim.checker.leader(self.id, node.term)
+            if r.transfer_failed:
+                self.transfers_failed += 1
             if r.restore is not None:
                 if self.hold_restore or sim.slow_restore:
                     # The application needs a while to hold what the snapshot describes:
