@@ -275,6 +275,54 @@ def test_a_publish_right_after_a_step_down_hears_no_responders_not_silence(clust
     run(main())
 
 
+def test_a_fetch_right_after_a_consumer_step_down_hears_no_responders_not_silence(cluster3):
+    """As for a stream: the consumer's old leader drops its pull-request interest as it
+    starts handing over, and the client's server answers "no responders" though every
+    JetStream server routes its API's interest (``$JS.API.>``, which passes pull requests
+    on), as nats-server answers; the retry reaches the new leader.  Before, the fetch
+    waited out its whole expiry."""
+    async def main():
+        nc, js = await connect(cluster3, 0)
+        await js.add_stream(name="S", subjects=["s.>"], num_replicas=3)
+        for i in range(10):
+            await js.publish("s.%d" % (i % 3), b"x")
+        psub = await js.pull_subscribe("s.>", durable="C")
+        for m in await psub.fetch(2, timeout=TIMEOUT):
+            await m.ack_sync()
+        for round_ in range(3):
+            old = (await js.consumer_info("S", "C")).cluster.leader
+            resp = await nc.request("$JS.API.CONSUMER.LEADER.STEPDOWN.S.C", b"",
+                                    timeout=TIMEOUT)
+            assert json.loads(resp.data).get("success") is True
+            t0 = time.monotonic()
+            while True:
+                try:
+                    msgs = await psub.fetch(1, timeout=3)
+                    break
+                except nats.js.errors.ServiceUnavailableError:      # the status 503
+                    assert time.monotonic() - t0 < 5, "no leader after 5 s"
+                    await asyncio.sleep(0.01)
+            assert msgs[0].metadata.sequence.stream == 3 + round_
+            await msgs[0].ack_sync()
+            assert (await js.consumer_info("S", "C")).cluster.leader != old
+        await nc.close()
+    run(main())
+
+
+def test_a_fetch_from_a_consumer_nobody_serves_hears_no_responders(cluster3):
+    """A pull request for a consumer no server has: "no responders" at once, as from
+    nats-server, rather than silence until the request expires."""
+    async def main():
+        nc, js = await connect(cluster3, 0)
+        t0 = time.monotonic()
+        with pytest.raises(nats.errors.NoRespondersError):
+            await nc.request("$JS.API.CONSUMER.MSG.NEXT.NOPE.NOPE", b'{"batch":1}',
+                             timeout=5)
+        assert time.monotonic() - t0 < 2
+        await nc.close()
+    run(main())
+
+
 @pytest.mark.parametrize("ask", ["LEADER.STEPDOWN", "PURGE"])
 def test_what_is_asked_while_no_leader_is_left_unanswered(cluster3, ask):
     """A step-down or a purge that reaches a replica while its group elects goes

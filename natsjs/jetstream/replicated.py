@@ -762,6 +762,16 @@ class ReplicatedConsumer(_Replica):
             self._active = False
             self.consumer.set_active_leader(False)
 
+    def handing_over(self, active: bool) -> None:
+        """As a stream's (ReplicatedStream.handing_over): a leader handing over stops
+        taking pull requests and acks at once, so a fetch sent meanwhile hears "no
+        responders" and is retried with the next leader instead of waiting out its
+        expiry; if the transfer fails it leads again."""
+        if active:
+            self.leader_changed(None, 0)
+        elif self.raft.is_leader() and not self._active:
+            self.leader_ready(self.raft.term)
+
     def leader_ready(self, term: int) -> None:
         """Lead only once every entry of earlier terms is applied, so deliveries start
         from what the group acknowledged, not from this replica's last view."""
