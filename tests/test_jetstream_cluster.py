@@ -53,6 +53,18 @@ async def until(pred, timeout: float = 20.0, step: float = 0.05):
         await asyncio.sleep(step)
 
 
+async def answered(ask, unavailable, within: float = 5.0):
+    """``ask()`` again while it raises ``unavailable`` (no leader yet, "no responders"),
+    for at most ``within`` seconds."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            return await ask()
+        except unavailable:
+            assert time.monotonic() - t0 < within, "no leader after %g s" % within
+            await asyncio.sleep(0.01)
+
+
 async def stream_leader(js, name: str):
     try:
         si = await js.stream_info(name)
@@ -261,14 +273,8 @@ def test_a_publish_right_after_a_step_down_hears_no_responders_not_silence(clust
             old = await stream_leader(js, "S")
             resp = await nc.request("$JS.API.STREAM.LEADER.STEPDOWN.S", b"", timeout=TIMEOUT)
             assert json.loads(resp.data).get("success") is True
-            t0 = time.monotonic()
-            while True:
-                try:
-                    ack = await js.publish("s.0", b"after", timeout=2)
-                    break
-                except nats.js.errors.NoStreamResponseError:
-                    assert time.monotonic() - t0 < 5, "no leader after 5 s"
-                    await asyncio.sleep(0.01)
+            ack = await answered(lambda: js.publish("s.0", b"after", timeout=2),
+                                 nats.js.errors.NoStreamResponseError)
             assert ack.seq == 11 + round_
             assert await stream_leader(js, "S") != old
         await nc.close()
@@ -294,14 +300,8 @@ def test_a_fetch_right_after_a_consumer_step_down_hears_no_responders_not_silenc
             resp = await nc.request("$JS.API.CONSUMER.LEADER.STEPDOWN.S.C", b"",
                                     timeout=TIMEOUT)
             assert json.loads(resp.data).get("success") is True
-            t0 = time.monotonic()
-            while True:
-                try:
-                    msgs = await psub.fetch(1, timeout=3)
-                    break
-                except nats.js.errors.ServiceUnavailableError:      # the status 503
-                    assert time.monotonic() - t0 < 5, "no leader after 5 s"
-                    await asyncio.sleep(0.01)
+            msgs = await answered(lambda: psub.fetch(1, timeout=3),
+                                  nats.js.errors.ServiceUnavailableError)   # status 503
             assert msgs[0].metadata.sequence.stream == 3 + round_
             await msgs[0].ack_sync()
             assert (await js.consumer_info("S", "C")).cluster.leader != old

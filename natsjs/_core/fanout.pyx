@@ -132,18 +132,17 @@ cdef inline bint _reserved_reply(const unsigned char* p, Py_ssize_t n) noexcept 
 cdef bytes JS_API_ALL = b"$JS.API.>"
 
 
-cdef inline bint _answered_by_its_own_sub(const unsigned char* p, Py_ssize_t n) noexcept nogil:
-    return _has_prefix(p, n, b"$JS.API.CONSUMER.MSG.NEXT.", 26) or \
-        _has_prefix(p, n, b"$JS.API.DIRECT.GET.", 19)
-
-
-cdef bint _routes_answer(SublistResult r):
-    """Some route's interest in a pull request or direct get is more than the API's."""
+cdef bint _only_the_api_listens(SublistResult r, const unsigned char* p, Py_ssize_t n):
+    """A pull request or a direct get whose only interest on other servers is their
+    API's wildcard: no server there will answer it."""
     cdef Subscription sub
+    if not (_has_prefix(p, n, b"$JS.API.CONSUMER.MSG.NEXT.", 26) or
+            _has_prefix(p, n, b"$JS.API.DIRECT.GET.", 19)) or r.qsubs:
+        return False
     for sub in r.psubs:
         if sub.callback is None and (<Conn>sub.client).is_route and sub.subject != JS_API_ALL:
-            return True
-    return len(r.qsubs) > 0
+            return False
+    return True
 
 
 # A connection's pending output: appended at the back (``reserve``), written from the
@@ -639,8 +638,7 @@ cdef class ClientCore(Conn):
             delivered += self.deliver_to_group(group, msg, self.to_routes)
         if self.rtargets:
             if delivered or self.pa.reply == NULL or not self.no_responders or \
-                    not _answered_by_its_own_sub(self.pa.subject, self.pa.subject_len) or \
-                    _routes_answer(r):
+                    not _only_the_api_listens(r, self.pa.subject, self.pa.subject_len):
                 delivered += len(self.rtargets)
             self.send_to_routes(msg)
         if delivered == 0 and self.pa.reply != NULL and self.no_responders:

@@ -757,8 +757,12 @@ class ReplicatedConsumer(_Replica):
         return self._active and self.raft.has_lease()
 
     def leader_changed(self, leader, term: int) -> None:
+        self._step_back()
+
+    def _step_back(self) -> None:
+        """No longer leading (or handing over): stop delivering and taking requests at
+        once (leader_ready starts them again)."""
         if self._active:
-            # Leadership lost: stop delivering at once (leader_ready starts it again).
             self._active = False
             self.consumer.set_active_leader(False)
 
@@ -768,7 +772,7 @@ class ReplicatedConsumer(_Replica):
         responders" and is retried with the next leader instead of waiting out its
         expiry; if the transfer fails it leads again."""
         if active:
-            self.leader_changed(None, 0)
+            self._step_back()
         elif self.raft.is_leader() and not self._active:
             self.leader_ready(self.raft.term)
 
