@@ -757,12 +757,8 @@ class ReplicatedConsumer(_Replica):
         return self._active and self.raft.has_lease()
 
     def leader_changed(self, leader, term: int) -> None:
-        self._step_back()
-
-    def _step_back(self) -> None:
-        """No longer leading (or handing over): stop delivering and taking requests at
-        once (leader_ready starts them again)."""
         if self._active:
+            # Leadership lost: stop delivering at once (leader_ready starts it again).
             self._active = False
             self.consumer.set_active_leader(False)
 
@@ -770,11 +766,10 @@ class ReplicatedConsumer(_Replica):
         """As a stream's (ReplicatedStream.handing_over): a leader handing over stops
         taking pull requests and acks at once, so a fetch sent meanwhile hears "no
         responders" and is retried with the next leader instead of waiting out its
-        expiry; if the transfer fails it leads again."""
-        if active:
-            self._step_back()
-        elif self.raft.is_leader() and not self._active:
-            self.leader_ready(self.raft.term)
+        expiry; if the transfer fails it takes them again.  It still answers info
+        until another leads (``is_leader``: the API holds info at a replica electing)."""
+        if self._active:
+            self.consumer.set_active_leader(not active)
 
     def leader_ready(self, term: int) -> None:
         """Lead only once every entry of earlier terms is applied, so deliveries start
