@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 
 from natsjs.jetstream import gojson
@@ -205,7 +206,7 @@ def decode_request(body: bytes, t: Struct) -> dict:
     try:
         # The common case: one well-formed value (Python's grammar is Go's once the
         # non-standard constants are refused and no encoding is guessed).
-        single = _STRICT.decode(body.decode("utf-8"))
+        single = loads(body, strict=True)
     except ValueError:
         pass
     else:
@@ -213,7 +214,7 @@ def decode_request(body: bytes, t: Struct) -> dict:
     out: dict = {}
     try:
         for start, end in gojson.values(body):
-            value = _LENIENT.decode(body[start:end].decode("utf-8", "replace"))
+            value = loads(body[start:end])
             out = _decode_top(value, t, out)
     except gojson.GoSyntaxError as exc:
         raise DecodeError(str(exc)) from None
@@ -226,18 +227,46 @@ def unmarshal(body: bytes, t: Struct) -> dict:
     try:
         # The common case: well-formed (see decode_request); Go's scanner only for the
         # words of an error.
-        value = _STRICT.decode(body.decode("utf-8"))
+        value = loads(body, strict=True)
     except ValueError:
         try:
             gojson.check_valid(body)
         except gojson.GoSyntaxError as exc:
             raise DecodeError(exc.unmarshal_text()) from None
-        value = _LENIENT.decode(body.decode("utf-8", "replace"))
+        value = loads(body)
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise _type_error(value, t, "")
     return decode_struct(value, t, strict=False)
+
+
+def loads(data: bytes, strict: bool = False):
+    """JSON text decoded into the strings Go would hold: a byte that is not UTF-8 and
+    an escaped lone surrogate (``"\\udc80"``) each become U+FFFD, as encoding/json
+    makes them, so no string taken from outside fails to encode later (as a file name,
+    a subject, a log line).  ``strict``: invalid UTF-8 and NaN/Infinity raise
+    ValueError instead (the caller then asks Go's scanner for the error's words)."""
+    value = (_STRICT if strict else _LENIENT).decode(
+        data.decode("utf-8") if strict else data.decode("utf-8", "replace"))
+    if b"\\u" in data and _SURROGATE_ESCAPE.search(data):
+        value = _without_surrogates(value)
+    return value
+
+
+# An escape of a high or low surrogate: \uD800-\uDFFF, in either case.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_LONE = re.compile("[\ud800-\udfff]")
+
+
+def _without_surrogates(value):
+    if isinstance(value, str):
+        return _LONE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    return value
 
 
 def _refuse_constant(name: str):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 
 from natsjs.jetstream.errors import ApiError
+from natsjs.jetstream.names import MAX_NAME_LEN, name_too_long, valid_asset_name
 from natsjs.subject_transform import TransformError, new_transform, validate_mapping
 from natsjs.jetstream.schema import (MAPOF_STRING, RAW, Enum, ListOf, MapOf, Struct,
                                      is_empty, merged, zero_values)
@@ -22,7 +23,6 @@ NS = 1_000_000_000
 MS = 1_000_000
 DEFAULT_DUPLICATE_WINDOW = 120 * NS       # server/stream.go StreamDefaultDuplicatesWindow
 MAX_REPLICAS = 5                          # StreamMaxReplicas
-MAX_NAME_LEN = 255                        # server/jetstream_api.go JSMaxNameLen
 MAX_DESCRIPTION_LEN = 4 * 1024
 MAX_METADATA_LEN = 128 * 1024
 API_LEVEL = 5                             # server/jetstream_versioning.go JSApiLevel
@@ -119,12 +119,6 @@ def config_json(cfg: dict) -> dict:
             if v is not None and not (k in OMITEMPTY and is_empty(v))}
 
 
-def valid_asset_name(name: str) -> bool:
-    """server/stream.go isValidAssetName (stream and consumer names)."""
-    return bool(name) and not any(c in name for c in ".*> \t\r\n\f\\/") and \
-        all(ord(c) > 31 for c in name)
-
-
 def _invalid(text: str) -> ApiError:
     return ApiError.of("JSStreamInvalidConfigF", err=text)
 
@@ -177,7 +171,7 @@ def check_stream_config(config: dict, ctx: CheckContext) -> dict:
     pedantic = ctx.pedantic
     if not valid_asset_name(config.get("name") or ""):
         raise _invalid("stream name is required and can not contain '.', '*', '>', '\\', '/'")
-    if len(config["name"]) > MAX_NAME_LEN:
+    if name_too_long(config["name"]):
         raise _invalid("stream name is too long, maximum allowed is %d" % MAX_NAME_LEN)
     if len(config.get("description") or "") > MAX_DESCRIPTION_LEN:
         raise _invalid("stream description is too long, maximum allowed is %d"

@@ -9,33 +9,11 @@ filter on the hot path stays in Cython (natsjs/_core/sublist.pyx subject_matches
 from __future__ import annotations
 
 from natsjs._core.sublist import subject_matches  # noqa: F401  (re-exported)
+from natsjs.jetstream.names import valid_publish_subject, valid_subject  # noqa: F401
 
 
 def tokens(subject: str) -> list[str]:
     return subject.split(".")
-
-
-def valid_subject(subject: str) -> bool:
-    """server/sublist.go isValidSubject: non-empty tokens, no whitespace, ``>`` last."""
-    if not subject:
-        return False
-    fwc = False
-    for t in tokens(subject):
-        if not t or fwc:
-            return False
-        if len(t) > 1:
-            if any(c in t for c in " \t\r\n\f"):
-                return False
-            continue
-        if t == ">":
-            fwc = True
-        elif t in " \t\r\n\f":
-            return False
-    return True
-
-
-def valid_publish_subject(subject: str) -> bool:
-    return valid_subject(subject) and is_literal(subject)
 
 
 def is_literal(subject: str) -> bool:
