@@ -24,6 +24,16 @@ decompress to show progress) of records ``kind, length, payload, CRC-32C``:
 ``c`` one consumer each (configuration, creation time and state); ``E`` the counts
 and a SHA-256 of everything before it.  A restore checks every record's checksum,
 the digest and the counts before anything is installed.
+
+An archive is input from a client like any request, and a crafted one must not reach
+the disk or a protocol line unchecked (issue 19).  Pass one over it (``_checked``)
+holds every record to what an API request would be held to (``_ArchiveChecks``):
+consumer names are names (natsjs/jetstream/names.py) before a directory is made of
+them, each consumer's configuration goes through the checks of a consumer create and
+the account's and stream's limits, every message has a publish subject, a size within
+the server's max_payload and the stream's max_msg_size, and sequences and times in
+bounds the store can hold.  Only then is anything written, and only under the new
+stream's own directory, which goes again if anything fails after it was made.
 """
 from __future__ import annotations
 
@@ -41,6 +51,9 @@ from natsjs.jetstream import consumercfg as CC
 from natsjs.jetstream import streamcfg as SC
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, rfc3339_nano
+from natsjs.jetstream.names import (name_too_long, safe_name, valid_asset_name,
+                                    valid_publish_subject)
+from natsjs.jetstream.schema import DecodeError, decode_struct, loads
 from natsjs.jetstream.store import (META, MSGS, OBS, ConsumerState, FileConsumerStore,
                                     MemConsumerStore, open_message_log, write_json_atomic)
 
@@ -59,6 +72,13 @@ ACK_TIMEOUT = 5.0
 INTEREST_WAIT = 2.0
 RESTORE_IDLE = 5.0                  # processStreamRestore's activityInterval
 SNAPSHOTS_DIR = "__snapshots__"
+# Sequences a restore accepts: Go's int64 range (what JSON clients and nats-server's
+# signed fields carry safely), and at most MAX_SPAN sequences from the first restored
+# message to the last sequence: the store indexes every sequence between its first
+# live message and its last one (natsjs/_core/filelog.pyx), 32 bytes each, so the
+# span is memory, and an archive of a few bytes must not ask for terabytes of it.
+MAX_SEQ = (1 << 63) - 1
+MAX_SPAN = 1 << 24
 
 SNAPSHOT_ADV = "$JS.EVENT.ADVISORY.STREAM.SNAPSHOT_%s."
 RESTORE_ADV = "$JS.EVENT.ADVISORY.STREAM.RESTORE_%s."
@@ -114,10 +134,25 @@ def archive_records(stream, consumers: bool, upto: int):
     yield _record(K_END, json.dumps(end, separators=(",", ":")).encode())
 
 
-class ArchiveReader:
-    """Parses a decompressed archive fed in pieces, checking as it goes."""
+def _json_record(payload: bytes, what: str) -> dict:
+    """A JSON record of the archive as Go would read it (schema.loads: no lone
+    surrogate survives); anything but an object is a damaged archive."""
+    try:
+        value = loads(payload)
+    except ValueError:
+        raise ArchiveError("bad %s record" % what) from None
+    if not isinstance(value, dict):
+        raise ArchiveError("bad %s record" % what)
+    return value
 
-    def __init__(self):
+
+class ArchiveReader:
+    """Parses a decompressed archive fed in pieces, checking as it goes; with
+    ``checks`` (an ``_ArchiveChecks``), each record is also held to what a request
+    would be held to, and ``meta`` and ``consumers`` are what the checks made of them."""
+
+    def __init__(self, checks=None):
+        self.checks = checks
         self._buf = bytearray()
         self._digest = hashlib.sha256()
         self._magic = False
@@ -158,7 +193,7 @@ class ArchiveReader:
 
     def _record(self, kind: bytes, payload: bytes, raw: bytes, on_msg) -> None:
         if kind == K_END:
-            end = json.loads(payload)
+            end = _json_record(payload, "end")
             if end.get("sha256") != self._digest.hexdigest():
                 raise ArchiveError("snapshot digest mismatch")
             if end.get("messages") != self.messages or \
@@ -170,10 +205,13 @@ class ArchiveReader:
         if kind == K_META:
             if self.meta is not None:
                 raise ArchiveError("unexpected content")
-            self.meta = json.loads(payload)
+            meta = _json_record(payload, "metadata")
+            self.meta = self.checks.meta(meta) if self.checks else meta
         elif self.meta is None:
             raise ArchiveError("unexpected content")
         elif kind == K_MSG:
+            if len(payload) < _MSG.size:
+                raise ArchiveError("bad message record")
             seq, ts, sl, hl, ml = _MSG.unpack_from(payload)
             p = _MSG.size
             if p + sl + hl + ml != len(payload):
@@ -182,15 +220,195 @@ class ArchiveReader:
             hdr = payload[p + sl:p + sl + hl] or None
             msg = payload[p + sl + hl:]
             self.messages += 1
+            if self.checks:
+                self.checks.message(seq, ts, subj, hdr, msg)
             on_msg(seq, subj, hdr, msg, ts)
         elif kind == K_CONSUMER:
-            self.consumers.append(json.loads(payload))
+            c = _json_record(payload, "consumer")
+            self.consumers.append(self.checks.consumer(c) if self.checks else c)
         else:
             raise ArchiveError("unexpected content")
 
     def finish(self) -> None:
         if self.end is None or self._buf:
             raise ArchiveError("snapshot is incomplete")
+
+
+class _ArchiveChecks:
+    """What pass one holds an archive's records to before anything is made of them:
+    the checks a request meets (see the module's docstring).  Failures raise
+    ArchiveError (or ApiError for the stream's own limits) with nats-server's words
+    where it has them (server/stream_backup.go RestoreStreamV2)."""
+
+    def __init__(self, api, jsa, cfg: dict):
+        self.jsa = jsa
+        self.cfg = cfg
+        self.server_limits = api.js.opts.limits
+        self.clustered = api.server.cluster is not None
+        self.max_payload = api.server.opts.max_payload
+        self.first = 1
+        self.last = 0
+        self.prev = 0
+        self.names: set = set()
+        self.filters: list = []     # filter lists of the consumers checked so far
+
+    def meta(self, meta: dict) -> dict:
+        cfg = meta.get("config")
+        if not isinstance(cfg, dict) or cfg.get("name") != self.cfg["name"]:
+            raise ArchiveError("stream names do not match")
+        first = _int(meta.get("first_seq", 1))
+        last = _int(meta.get("last_seq", 0))
+        created = _int(meta.get("created", 0))
+        last_ts = _int(meta.get("last_ts", 0))
+        if first is None or last is None or created is None or last_ts is None or \
+                created < 0 or last_ts < 0:
+            raise ArchiveError("bad stream metadata")
+        if not 1 <= first <= MAX_SEQ or not 0 <= last <= MAX_SEQ or first > last + 1:
+            raise ArchiveError("stream sequences %d to %d out of range" % (first, last))
+        self.first, self.last = first, last
+        return {"config": {"name": cfg["name"]}, "created": created, "first_seq": first,
+                "last_seq": last, "last_ts": last_ts}
+
+    def message(self, seq: int, ts: int, subj: bytes, hdr, msg: bytes) -> None:
+        if not self.first <= seq <= self.last:
+            raise ArchiveError("message sequence %d out of range" % seq)
+        if seq <= self.prev:
+            raise ArchiveError("message sequence %d out of order" % seq)
+        if not self.prev and self.last - seq >= MAX_SPAN:
+            # The store would index every sequence from here to the last one.
+            raise ArchiveError("sequence gap too large to restore (%d to %d)"
+                               % (seq, self.last))
+        self.prev = seq
+        hl, ml = len(hdr or b""), len(msg)
+        mp = self.max_payload
+        if hl > mp or ml > mp - hl:
+            raise ArchiveError("message sequence %d exceeds maximum payload size" % seq)
+        mms = self.cfg["max_msg_size"]
+        if mms > 0 and (hl > mms or ml > mms - hl):
+            raise ArchiveError("message sequence %d exceeds maximum message size" % seq)
+        if ts < 0:
+            raise ArchiveError("message sequence %d has an invalid timestamp" % seq)
+        try:
+            subject = subj.decode("utf-8")
+        except UnicodeDecodeError:
+            subject = None
+        if subject is None or not valid_publish_subject(subject):
+            raise ArchiveError("message sequence %d has an invalid subject" % seq)
+
+    def consumer(self, rec: dict) -> dict:
+        """The consumer as it will be made: its name checked, its configuration with a
+        create's defaults and checks, its state in bounds."""
+        name = rec.get("name")
+        if not isinstance(name, str) or not name:
+            raise ArchiveError("bad consumer record")
+        shown = json.dumps(name, ensure_ascii=False)      # as Go's %q shows it
+        try:
+            out = self._consumer(name, rec)
+        except ApiError as err:
+            raise ArchiveError("failed to add consumer %s: %s" % (shown, err)) from None
+        except ArchiveError as err:
+            raise ArchiveError("consumer %s: %s" % (shown, err)) from None
+        self.names.add(name)
+        return out
+
+    def _consumer(self, name: str, rec: dict) -> dict:
+        config, state, created = rec.get("config"), rec.get("state"), _int(rec.get("created", 0))
+        if not isinstance(config, dict):
+            raise ArchiveError("missing config")
+        if not isinstance(state, dict):
+            raise ArchiveError("missing state")
+        if created is None or created < 0:
+            raise ArchiveError("bad creation time")
+        if name in self.names:
+            raise ArchiveError("appears twice")
+        try:
+            ccfg = CC.from_request(decode_struct(config, CC.CONSUMER_CONFIG, strict=False))
+        except DecodeError as exc:
+            raise ApiError.of("JSInvalidJSONErr", err=str(exc)) from None
+        if any(ccfg[k] and ccfg[k] != name for k in ("durable_name", "name")):
+            raise ArchiveError("configuration names another consumer")
+        if ccfg["direct"]:
+            raise ArchiveError("a direct consumer is never restored")
+        if ccfg["num_replicas"] > 1 and not self.clustered:
+            raise ApiError.of("JSStreamReplicasNotSupportedErr")
+        scfg, jsa = self.cfg, self.jsa
+        # The checks of a create (api.add_consumer), the name in the configuration so
+        # that it is judged too.
+        cfg = CC.set_defaults(dict(ccfg, name=name), scfg, self.server_limits, jsa.limits)
+        CC.check_config(cfg, scfg, self.server_limits, jsa.limits)
+        cfg["name"] = ccfg["name"]
+        if not valid_asset_name(name):
+            raise ApiError.of("JSStreamInvalidConfigF",
+                              err="consumer name can not contain '.', '*', '>', '\\', '/'")
+        if name_too_long(name):
+            raise ApiError.of("JSConsumerNameTooLongErrF", max=SC.MAX_NAME_LEN)
+        new_consumer_rules(scfg, jsa.limits, cfg, self.filters)
+        if not cfg["durable_name"] and cfg["inactive_threshold"] == 0:
+            cfg["inactive_threshold"] = CC.DEFAULT_DELETE_WAIT
+        self.filters.append(CC.filters_of(cfg))
+        return {"name": name, "config": cfg, "created": created, "state": _state(state)}
+
+
+def new_consumer_rules(scfg: dict, account_limits, cfg: dict, others: list) -> None:
+    """The rules a new consumer meets beyond its own configuration (api.add_consumer,
+    server/consumer.go addConsumerWithAssignment): the stream's and the account's
+    max_consumers, a work queue's policies and partitions.  ``others``: the filter
+    lists of the stream's other limitable consumers."""
+    maxc = scfg["max_consumers"]
+    acc_max = account_limits.max_consumers
+    if maxc <= 0 or (acc_max > 0 and acc_max < maxc):
+        maxc = acc_max
+    if maxc > 0 and len(others) >= maxc:
+        raise ApiError.of("JSMaximumConsumersLimitErr")
+    if scfg["retention"] == "workqueue" and not cfg["sourcing"]:
+        if cfg["ack_policy"] not in ("explicit", "flow_control"):
+            raise ApiError.of("JSConsumerWQRequiresExplicitAckErr")
+        if cfg["deliver_policy"] != "all":
+            raise ApiError.of("JSConsumerWQConsumerNotDeliverAllErr")
+        if others:
+            filters = CC.filters_of(cfg)
+            if not filters:
+                raise ApiError.of("JSConsumerWQMultipleUnfilteredErr")
+            for theirs in others:
+                if not theirs or any(SC.subjects_collide(a, b)
+                                     for a in filters for b in theirs):
+                    raise ApiError.of("JSConsumerWQConsumerNotUniqueErr")
+
+
+def _int(v):
+    """A JSON integer (not a bool, not a float), else None."""
+    return v if type(v) is int else None
+
+
+def _state(d: dict) -> dict:
+    """A consumer's state from an archive, its numbers in the store's bounds
+    (store.ConsumerState.to_json's shape)."""
+    def seq(v, low=0):
+        v = _int(v)
+        if v is None or not low <= v <= MAX_SEQ:
+            raise ArchiveError("bad state")
+        return v
+
+    def rows(key, width):
+        v = d.get(key, [])
+        if not isinstance(v, list):
+            raise ArchiveError("bad state")
+        out = []
+        for row in v:
+            if width == 1:
+                out.append(seq(row))
+                continue
+            if not isinstance(row, list) or len(row) != width:
+                raise ArchiveError("bad state")
+            out.append([seq(x) for x in row])
+        return out
+    sseq, dseq = seq(d.get("sseq"), 1), seq(d.get("dseq"), 1)
+    asflr, adflr = seq(d.get("asflr")), seq(d.get("adflr"))
+    if asflr >= sseq or adflr >= dseq:
+        raise ArchiveError("bad state")
+    return {"sseq": sseq, "dseq": dseq, "asflr": asflr, "adflr": adflr,
+            "pending": rows("pending", 3), "rdc": rows("rdc", 2),
+            "acked_ahead": rows("acked_ahead", 1)}
 
 
 # ---- snapshot ---------------------------------------------------------------------------
@@ -218,7 +436,6 @@ def snapshot_request(api, jsa, name: str, hdr, body: bytes) -> dict:
     """Answer a snapshot request and start sending the archive."""
     rtype = "stream_snapshot_response"
     from natsjs.jetstream.api import required_level
-    from natsjs.jetstream.subjects import valid_publish_subject
     try:
         if required_level(hdr) > SC.API_LEVEL:
             raise ApiError.of("JSRequiredApiLevelErr")
@@ -482,8 +699,17 @@ class _Restore:
             stream = await self._install(os.path.join(self.tmp, "archive.s2"))
         except S2Error:
             err = ArchiveError("s2: corrupt input")    # the reference's words
-        except (ApiError, ArchiveError, OSError, ValueError, KeyError, TypeError) as exc:
+        except (ApiError, ArchiveError) as exc:
             err = exc
+        except OSError as exc:
+            # Its text would name paths under the store: only what went wrong.
+            self.server.log.error("Restore of stream '%s > %s': %s", self.jsa.name,
+                                  self.name, exc)
+            err = ArchiveError(exc.strerror or "I/O error")
+        except Exception as exc:    # one bad archive fails its restore, never the server
+            self.server.log.error("Restore of stream '%s > %s' failed: %r", self.jsa.name,
+                                  self.name, exc)
+            err = ArchiveError("unexpected content")
         finally:
             self._unsubscribe()
             await trio.to_thread.run_sync(shutil.rmtree, self.tmp, True)
@@ -528,13 +754,12 @@ class _Restore:
                                 json.dumps(resp, separators=(",", ":")).encode())
 
     async def _checked(self, archive: str) -> ArchiveReader:
-        """Pass one over the archive: every checksum, the digest and the counts, before
-        anything is made of it."""
-        reader = ArchiveReader()
+        """Pass one over the archive: every checksum, the digest and the counts, and
+        every record held to a request's checks (_ArchiveChecks), before anything is
+        made of it."""
+        reader = ArchiveReader(_ArchiveChecks(self.api, self.jsa, self.cfg))
         await self._read(archive, reader, lambda *m: None)
         reader.finish()
-        if reader.meta.get("config", {}).get("name") != self.cfg["name"]:
-            raise ArchiveError("stream names do not match")
         return reader
 
     async def _install(self, archive: str):
@@ -544,6 +769,8 @@ class _Restore:
         reader = await self._checked(archive)
         if cfg["name"] in jsa.streams or cfg["name"] in _installing(self.api):
             raise ApiError.of("JSStreamNameExistRestoreFailedErr")
+        # Other streams may have been made while the archive came in.
+        jsa.check_new_stream(cfg)
         _installing(self.api).add(cfg["name"])
         try:
             return await self._build(archive, reader.meta, reader)
@@ -563,7 +790,8 @@ class _Restore:
 
     async def fill(self, store, archive: str, meta: dict) -> None:
         """The archive's messages into an empty ``store``, up to the stream's last
-        sequence (what it had deleted at its end still counts), made durable."""
+        sequence (what it had deleted at its end still counts), made durable.  ``meta``
+        and the messages were checked by pass one (_checked)."""
         cfg = self.cfg
         added = [0]
         limit = _storage_room(self.jsa, cfg)
@@ -575,9 +803,9 @@ class _Restore:
                 raise ApiError.of("JSStorageResourcesExceededErr" if cfg["storage"] == "file"
                                   else "JSMemoryResourcesExceededErr")
         await self._read(archive, ArchiveReader(), on_msg)
-        last = int(meta.get("last_seq") or 0)
+        last = meta["last_seq"]
         if last > store.last_seq:
-            store.append(b"_", None, b"", int(meta.get("last_ts") or 0), last)
+            store.append(b"_", None, b"", meta["last_ts"], last)
             store.remove(last)
         s = store.begin_sync()
         await trio.to_thread.run_sync(s.run)
@@ -590,35 +818,42 @@ class _Restore:
         js = self.js
         cfg = self.cfg
         path = None
+        # Names from outside become directories only once they are names (checked
+        # where the request and the archive entered; this is the last wall).
+        if not safe_name(cfg["name"]) or \
+                not all(safe_name(c["name"]) for c in first_pass.consumers):
+            raise ArchiveError("unexpected content")
         # A new creation time, as nats-server 2.15 gives (its identity changes too).
         created = now_ns()
         if cfg["storage"] == "file":
             path = os.path.join(jsa.dir, "streams", cfg["name"])
             await trio.to_thread.run_sync(_prepare_dir, path, cfg, created)
-        first = int(meta.get("first_seq") or 1)
-        store = open_message_log(os.path.join(path, MSGS) if path else None,
-                                 dict(cfg, first_seq=first))
+        store = None
         try:
+            store = open_message_log(os.path.join(path, MSGS) if path else None,
+                                     dict(cfg, first_seq=meta["first_seq"]))
             await self.fill(store, archive, meta)
+            stream = Stream(jsa, cfg, created, store, path)
+            for c in first_pass.consumers:
+                ccfg = c["config"]
+                state = ConsumerState.from_json(c["state"])
+                cname = c["name"]
+                if path and not ccfg["mem_storage"]:
+                    d = os.path.join(path, OBS, cname)
+                    await trio.to_thread.run_sync(_write_consumer, d, ccfg, created)
+                    cstore = FileConsumerStore(d)
+                    await trio.to_thread.run_sync(cstore.snapshot, state)
+                else:
+                    cstore = MemConsumerStore()
+                stream.consumers[cname] = Consumer(stream, ccfg, cname, created, cstore,
+                                                   state)
         except BaseException:
-            store.close()
+            # Nothing half-restored stays (the stream was not started, nobody saw it).
+            if store is not None:
+                store.close()
             if path:
                 await trio.to_thread.run_sync(shutil.rmtree, path, True)
             raise
-        stream = Stream(jsa, cfg, created, store, path)
-        for c in first_pass.consumers:
-            ccfg = CC.blank_config()
-            ccfg.update(c["config"])
-            state = ConsumerState.from_json(c["state"])
-            cname = c["name"]
-            if path and not ccfg["mem_storage"]:
-                d = os.path.join(path, OBS, cname)
-                await trio.to_thread.run_sync(_write_consumer, d, ccfg, created)
-                cstore = FileConsumerStore(d)
-                await trio.to_thread.run_sync(cstore.snapshot, state)
-            else:
-                cstore = MemConsumerStore()
-            stream.consumers[cname] = Consumer(stream, ccfg, cname, created, cstore, state)
         jsa.streams[cfg["name"]] = stream
         js.start_stream(stream)
         acc = jsa.account
