@@ -121,6 +121,9 @@ class Connection:
         # waiting instead of with a read that can only fail.
         self.wait_first = False
         self.closed_reason: str | None = None
+        # Set by a stopping server: the socket is handed to it at teardown instead of
+        # closed, and the server closes it last, just before it exits (Server.shutdown).
+        self.hold_socket: list | None = None
         self._linger = False
         self._deferred = None             # (step, args) set by defer()
         # S2 stream framing (compressed routes): bytes are compressed from core.out
@@ -328,7 +331,10 @@ class Connection:
         try:
             self.on_closed()
         finally:
-            self.transport.close()
+            if self.hold_socket is not None:
+                self.hold_socket.append(self.transport)
+            else:
+                self.transport.close()
             self.server.remove_connection(self)
             self.server.log.debug(self.log_prefix + "%s connection closed: %s",
                                   self.kind, self.closed_reason)

@@ -174,6 +174,11 @@ class Server:
         self.shutting_down = False
         self.lame_duck = False
         self._accept_scope = trio.CancelScope()
+        # Stopped clients' sockets, closed as the last step of a shutdown; when the
+        # server is its process's whole life (natsjs-server), the process exit closes
+        # them (natsjs/cli.py main).
+        self._held_sockets: list = []
+        self.exits_with_process = False
         # Keepalive PINGs of every client, and the reads of plain clients, each from
         # one task (natsjs/connection.py).
         self.pinger = Pinger()
@@ -228,16 +233,33 @@ class Server:
         finally:
             lsock.close()
             log.info("Server Exiting..")
+            if not self.exits_with_process:
+                self._close_held_sockets()
             self.stopped.set()
 
+    def _close_held_sockets(self) -> None:
+        """The last step of a shutdown: close the clients' sockets (``shutdown``)."""
+        held, self._held_sockets = self._held_sockets, []
+        for transport in held:
+            transport.close()
+
     def shutdown(self) -> None:
-        """Close every connection and listener; ``run`` returns when they are gone."""
+        """Stop everything; ``run`` returns when it is all gone.
+
+        Clients are stopped at once, but their sockets are closed last, after the
+        slow work (routes, Raft, JetStream's stores) is done, just before ``run``
+        returns and the process exits, as nats-server's Shutdown closes its client
+        connections after JetStream and Raft (server/server.go). A client that sees
+        its server go and reconnects elsewhere then finds it gone too: a harness
+        that stops a server and then waits for the reconnection does not miss it.
+        """
         if self.shutting_down:
             return
         self.shutting_down = True
         self.log.info("Initiating Shutdown...")
         self._stop_accepting()
         for c in list(self.clients.values()):
+            c.hold_socket = self._held_sockets
             c.close(SERVER_SHUTDOWN)
         if self.cluster is not None:
             for r in list(self.cluster.routes):

@@ -139,10 +139,10 @@ PY313 = Path.home() / ".pyenv/versions/3.13.0/bin/python3"
 NEW_CLIENTS_VENV = Path.home() / ".cache/natsjs-nats-core/venv"
 
 
-def py313_with(packages: list[str], imports: str) -> str:
+def py313_with(packages: list[str], imports: str, venv: Path = NEW_CLIENTS_VENV) -> str:
     """The virtualenv's Python with ``packages`` installed (``imports`` must run), or a
     skip saying why there is none."""
-    python = NEW_CLIENTS_VENV / "bin/python"
+    python = venv / "bin/python"
     check = [str(python), "-c", imports]
     if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return str(python)
@@ -150,7 +150,7 @@ def py313_with(packages: list[str], imports: str) -> str:
         pytest.skip("%s need Python 3.13, not found at %s" % (", ".join(packages), PY313))
     try:
         if not python.exists():
-            subprocess.run([str(PY313), "-m", "venv", str(NEW_CLIENTS_VENV)], check=True,
+            subprocess.run([str(PY313), "-m", "venv", str(venv)], check=True,
                            capture_output=True, timeout=120)
         subprocess.run([str(python), "-m", "pip", "install", "-q", *packages],
                        check=True, capture_output=True, timeout=300)
