@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import os
 import struct
 
 import nats
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import start_natsjs, start_reference
 from natsjs._core.s2 import S2Writer, crc32c
@@ -473,3 +476,152 @@ def test_restored_subject_never_reaches_a_client_raw(tmp_path):
     finally:
         s.server.stop()
 
+
+# ---- mutated archives -------------------------------------------------------------------
+
+# A short run in CI; NATSJS_HOSTILE_EXAMPLES=2000 for a long one.
+EXAMPLES = int(os.environ.get("NATSJS_HOSTILE_EXAMPLES", "30"))
+
+_CONSUMER_FIELDS = ["durable_name", "name", "deliver_subject", "filter_subject",
+                    "filter_subjects", "ack_policy", "deliver_policy", "max_ack_pending",
+                    "num_replicas", "backoff", "metadata", "opt_start_seq", "direct",
+                    "mem_storage", "inactive_threshold"]
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-2 ** 65, 2 ** 65) | st.floats(allow_nan=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                max_size=3),
+    max_leaves=6)
+_SEQ = st.integers(0, 2 ** 64 - 1) | st.integers(0, 12)
+MUTATION = st.one_of(
+    st.tuples(st.just("consumer_name"), st.text(max_size=300)
+              | st.sampled_from(["..", "../../A", "/", "a/b", "a\r\nb", "x" * 256])),
+    st.tuples(st.just("consumer_field"), st.sampled_from(_CONSUMER_FIELDS), _JSON),
+    st.tuples(st.just("consumer_state"), st.sampled_from(["sseq", "dseq", "asflr", "adflr",
+                                                          "pending", "rdc"]), _JSON),
+    st.tuples(st.just("consumer_bytes"), st.integers(0, 400), st.binary(max_size=8)),
+    st.tuples(st.just("seq"), st.integers(0, 4), _SEQ),
+    st.tuples(st.just("ts"), st.integers(0, 4), st.integers(-2 ** 63, 2 ** 63 - 1)),
+    st.tuples(st.just("subject"), st.integers(0, 4), st.binary(min_size=1, max_size=40)),
+    st.tuples(st.just("size"), st.integers(0, 4), st.integers(0, 100_000)),
+    st.tuples(st.just("bounds"), _SEQ, _SEQ),
+    st.tuples(st.just("meta_bytes"), st.integers(0, 300), st.binary(max_size=8)),
+    st.tuples(st.just("truncate"), st.integers(0, 4000)),
+    st.tuples(st.just("random_bytes"), st.integers(0, 4000), st.binary(min_size=1, max_size=8)),
+)
+
+
+def _splice(data: bytes, at: int, new: bytes) -> bytes:
+    at = min(at, len(data))
+    return data[:at] + new + data[at + len(new):]
+
+
+def mutated_archive(cfg: dict, muts: list) -> bytes:
+    """A valid archive of five messages and two consumers, then ``muts`` applied:
+    content changes keep checksums and the digest right, byte changes do not."""
+    msgs = [[i, 1000 + i, b"%s.%d" % (cfg["name"].lower().encode(), i), b"", b"m%d" % i]
+            for i in range(1, 6)]
+    cons = [consumer("d"), consumer("p", deliver_subject="dl.p", ack_policy="none",
+                                   durable_name="p")]
+    bounds = {}
+    cbytes = None
+    mbytes = None
+    for m in muts:
+        op = m[0]
+        if op == "consumer_name":
+            cons[0]["name"] = m[1]
+            cons[0]["config"]["durable_name"] = m[1]
+        elif op == "consumer_field":
+            cons[0]["config"][m[1]] = m[2]
+        elif op == "consumer_state":
+            cons[0]["state"][m[1]] = m[2]
+        elif op == "consumer_bytes":
+            cbytes = (m[1], m[2])
+        elif op == "seq":
+            msgs[m[1]][0] = m[2]
+        elif op == "ts":
+            msgs[m[1]][1] = m[2]
+        elif op == "subject":
+            msgs[m[1]][2] = m[2]
+        elif op == "size":
+            msgs[m[1]][4] = b"z" * m[2]
+        elif op == "bounds":
+            bounds = {"first_seq": m[1], "last_seq": m[2]}
+        elif op == "meta_bytes":
+            mbytes = (m[1], m[2])
+    kw = dict(bounds)
+    if not bounds:
+        kw = {"first_seq": 1, "last_seq": max(5, max(min(x[0], 2 ** 64 - 1) for x in msgs))}
+    consumers = [_js(c) for c in cons]
+    if cbytes:
+        consumers[0] = _splice(consumers[0], cbytes[0], cbytes[1])
+    recs = archive_records(cfg, [tuple(x) for x in msgs], consumers, **kw)
+    if mbytes:
+        kind, payload = recs[0][:1], recs[0][5:-4]
+        recs[0] = _record(kind, _splice(payload, mbytes[0], mbytes[1]))
+    raw = seal(recs)
+    for m in muts:
+        if m[0] == "truncate":
+            raw = raw[:m[1]]
+        elif m[0] == "random_bytes":
+            raw = _splice(raw, m[1], m[2])
+    return S2Writer("fast").compress(raw)
+
+
+def test_mutated_archives_are_answered_and_the_server_restarts(tmp_path):
+    """Valid archives with names, sequences, subjects, sizes, bounds, state and bytes
+    changed, cut short or overwritten: each restore is answered (an error or a
+    stream), nothing is written outside the new stream's own directory, the server
+    stays up, and it starts again afterwards with every restored stream."""
+    s = Setup(tmp_path, "natsjs")
+    run(s.fill_a())
+    names = itertools.count()
+    made = []
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(muts=st.lists(MUTATION, min_size=1, max_size=3))
+    def one(muts):
+        name = "R%d" % next(names)
+        cfg = stream_cfg(name)
+        archive = mutated_archive(cfg, muts)
+        before = store_files(s.store)
+
+        async def main():
+            nc = await connect(s.server, "b")
+            resp = await restore(nc, cfg, archive)
+            if "error" not in resp:
+                info = await api(nc, "$JS.API.STREAM.INFO." + name)
+                assert "error" not in info, info
+                for c in (await api(nc, "$JS.API.CONSUMER.NAMES." + name))["consumers"]:
+                    ci = await api(nc, "$JS.API.CONSUMER.INFO.%s.%s" % (name, c))
+                    assert "error" not in ci, ci
+            await nc.close()
+            return resp
+        resp = run(main())
+        assert resp["type"] == T + "stream_create_response", resp
+        assert s.server.alive(), s.server.text()[-3000:]
+        assert s.store not in text_of(resp)
+        own = os.path.join("jetstream", "B", "streams", name) + os.sep
+        after = store_files(s.store)
+        outside = {k for k, v in after.items()
+                   if before.get(k) != v and not k.startswith(own)}
+        assert not outside, (resp, outside)
+        if "error" in resp:
+            assert not any(k.startswith(own) for k in after), resp
+        else:
+            made.append(name)
+
+    try:
+        one()
+        s.restart()
+
+        async def after():
+            assert await s.a_state() == (-1, 3)
+            nc = await connect(s.server, "b")
+            got = (await api(nc, "$JS.API.STREAM.NAMES")).get("streams") or []
+            await nc.close()
+            assert sorted(got) == sorted(made)
+        run(after())
+    finally:
+        s.server.stop()
