@@ -48,6 +48,7 @@ import trio
 
 from natsjs import NATS_VERSION, __version__
 from natsjs._core.interest import count_interest
+from natsjs._core.fanout import UnsafeSubject
 from natsjs.accounts import GLOBAL_ACCOUNT, MAX_IMPORT_HOPS, Account, Imports
 from natsjs.client import MAX_CONNECTIONS, Client
 from natsjs.connection import SERVER_SHUTDOWN, Pinger, Reactor
@@ -590,6 +591,9 @@ class Server:
                 # A JetStream delivery passed on (imports): routed by ``subject``,
                 # shown with the stored message's.
                 core.publish_deliver(subject, shown, reply, hdr, msg)
+        except UnsafeSubject as exc:
+            # Whatever let it in is a bug to fix at that entry; the message goes nowhere.
+            self.log.error("Dropping a message of account %s: %s", account.name, exc)
         finally:
             core.stalled = None     # server code does not wait for slow consumers
             account.release_publisher(core)

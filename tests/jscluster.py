@@ -40,8 +40,10 @@ def free_ports(n: int) -> list[int]:
 
 class JSCluster:
     def __init__(self, tmp_path, size: int = 3, reference: bool = False, extra: str = "",
-                 js_nodes=None, reference_nodes=(), doc: bool = False):
+                 js_nodes=None, reference_nodes=(), doc: bool = False, accounts: str = ""):
         self.dir = str(tmp_path)
+        # ``accounts``: more accounts, written inside the accounts block beside APP.
+        self.accounts = accounts
         self.size = size
         self.reference = reference
         self.extra = extra
@@ -86,12 +88,13 @@ cluster {
 accounts {
   $SYS { users = [ { user: %(user)s, pass: %(pw)s } ] }
   APP { jetstream: enabled, users = [ { user: app, pass: app } ] }
+%(accounts)s
 }
 no_auth_user: app
 %(extra)s
 """ % {"host": self.hosts[i], "name": self.name(i), "port": self.ports[i], "http": self.http_ports[i], "js": js,
        "cport": self.cluster_ports[i], "routes": routes, "user": SYS_USER, "pw": SYS_PASS,
-       "extra": self.extra}
+       "extra": self.extra, "accounts": self.accounts}
         path = os.path.join(self.dir, "n%d.conf" % (i + 1))
         with open(path, "w") as f:
             f.write(text)

@@ -8,6 +8,9 @@ from natsjs._core.sublist import Sublist, Subscription
 UNDELIVERED: object
 
 
+class UnsafeSubject(ValueError): ...
+
+
 class WithProducer:
     fn: Callable[..., Any]
     def __init__(self, fn: Callable[..., Any]) -> None: ...

@@ -50,6 +50,32 @@ DEF MAX_PENDING_SIZE = 67108864
 UNDELIVERED = object()
 
 
+class UnsafeSubject(ValueError):
+    """Server code asked to publish on a subject or reply that would break the
+    protocol line it is written into (a space, a tab, CR, LF, VT or FF)."""
+
+
+cdef inline bint _line_safe(const unsigned char* p, Py_ssize_t n) noexcept nogil:
+    """No byte that ends or splits a protocol line (whitespace: the parser splits a
+    client's arguments on space and tab, so none of these comes from a client).  Names
+    and subjects are checked where they enter (natsjs/jetstream/names.py); this is the
+    second wall, so that a check missed there can not become a forged MSG or RMSG."""
+    cdef Py_ssize_t i
+    cdef unsigned char c
+    for i in range(n):
+        c = p[i]
+        if c == 32 or 9 <= c <= 13:
+            return False
+    return True
+
+
+cdef int _check_line_safe(bytes what) except -1:
+    if what is not None and not _line_safe(<const unsigned char*>PyBytes_AS_STRING(what),
+                                           PyBytes_GET_SIZE(what)):
+        raise UnsafeSubject("refusing to write %r into a protocol line" % (what[:64],))
+    return 0
+
+
 cdef class WithProducer:
     """An internal subscriber's callback that is also told who published: called as
     ``fn(producer, sub, subject, reply, hdr, msg)``, ``producer`` being the publishing
@@ -647,7 +673,10 @@ cdef class ClientCore(Conn):
 
     def publish(self, bytes subject, bytes reply, Py_ssize_t hdr, bytes msg):
         """Fan out a message from server code (imports, $SYS replies) as if this
-        connection had published it; the caller flushes ``take_pcd()``."""
+        connection had published it; the caller flushes ``take_pcd()``.  A subject or
+        reply that would break a protocol line raises ``UnsafeSubject``."""
+        _check_line_safe(subject)
+        _check_line_safe(reply)
         self.pa.subject = <const unsigned char*>PyBytes_AS_STRING(subject)
         self.pa.subject_len = PyBytes_GET_SIZE(subject)
         if reply is not None:
@@ -682,6 +711,9 @@ cdef class ClientCore(Conn):
         for item in replies:
             subject = <bytes>(<tuple>item)[0]
             out = (<tuple>item)[1]
+            if not _line_safe(<const unsigned char*>PyBytes_AS_STRING(subject),
+                              PyBytes_GET_SIZE(subject)):
+                continue    # never a client's reply subject: the parser splits on these
             self.pa.subject = <const unsigned char*>PyBytes_AS_STRING(subject)
             self.pa.subject_len = PyBytes_GET_SIZE(subject)
             if type(out) is int:
@@ -701,6 +733,7 @@ cdef class ClientCore(Conn):
         delivery: routed by the deliver or inbox subject, shown with the stored
         message's subject).  Routes get the reply as ``reply@shown`` so the server
         on the other side can do the same (server/client.go processMsgResults)."""
+        _check_line_safe(shown)
         self.dsubj = <const unsigned char*>PyBytes_AS_STRING(shown)
         self.dsubj_len = PyBytes_GET_SIZE(shown)
         try:

@@ -25,7 +25,7 @@ from natsjs.jetstream import headers as H
 from natsjs.jetstream import snapshot, sourcing
 from natsjs.jetstream import streamcfg as SC
 from natsjs.jetstream.consumer import Consumer, ephemeral_name
-from natsjs.jetstream.errors import ApiError
+from natsjs.jetstream.errors import ApiError, error_text
 from natsjs.jetstream.jstime import ZERO_TIME, now_ns, rfc3339_nano
 from natsjs.jetstream.schema import DecodeError, Struct, decode_request, is_empty_request
 from natsjs.jetstream.store import (FileConsumerStore, MemConsumerStore, OBS, META,
@@ -173,7 +173,7 @@ class Api:
             except Exception as exc:   # a bug answers with an error, never kills the worker
                 self.server.log.error("JetStream API error on %r: %r", subject, exc)
                 resp = {"type": T + "system_response",
-                        "error": ApiError.of("JSStreamGeneralErrorF", err=str(exc)).to_dict()}
+                        "error": ApiError.of("JSStreamGeneralErrorF", err=error_text(exc)).to_dict()}
             if resp is None:
                 continue
             jsa.api_total += 1
@@ -440,7 +440,7 @@ class Api:
 
     async def stream_delete(self, jsa, name: str, body: bytes) -> dict:
         rtype = "stream_delete_response"
-        if body.strip():
+        if not is_empty_request(body):
             return self._err(rtype, ApiError.of("JSNotEmptyRequestErr"))
         try:
             stream = self._stream(jsa, name)
@@ -677,8 +677,6 @@ class Api:
                     raise ApiError.of("JSConsumerWQMultipleUnfilteredErr")
                 if not self._partition_unique(stream, name, filters):
                     raise ApiError.of("JSConsumerWQConsumerNotUniqueErr")
-        if cfg["durable_name"] and len(cfg["durable_name"]) > SC.MAX_NAME_LEN:
-            raise ApiError.of("JSConsumerNameTooLongErrF", max=SC.MAX_NAME_LEN)
         if not name:
             # A made-up name is the consumer's, not its config's (server/consumer.go:
             # an ephemeral's config keeps no name on a single server).

@@ -458,7 +458,7 @@ async def _info_when_applied(cl, acc: str, name: str, cfg: dict, timeout: float 
 async def _stream_delete(api, jsa, name: str, body: bytes):
     cl = api.js.cluster
     rtype = "stream_delete_response"
-    if body.strip():
+    if not is_empty_request(body):
         return _err(rtype, ApiError.of("JSNotEmptyRequestErr"))
     if ("%s %s" % (jsa.name, name)) not in cl.state.streams:
         return _err(rtype, ApiError.of("JSStreamNotFoundErr"))

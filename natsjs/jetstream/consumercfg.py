@@ -13,6 +13,7 @@ import re
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.schema import (MAPOF_STRING, Enum, ListOf, Struct, is_empty, merged,
                                      zero_values)
+from natsjs.jetstream.names import name_too_long
 from natsjs.jetstream.streamcfg import (MAX_DESCRIPTION_LEN, MAX_METADATA_LEN, MAX_NAME_LEN,
                                        NS, go_duration, valid_asset_name,
                                        with_dynamic_metadata)
@@ -209,6 +210,10 @@ def check_config(cfg: dict, stream_cfg: dict, server_limits, account_limits,
         raise _invalid("consumer name can not contain '.', '*', '>', '\\', '/'")
     if cfg["durable_name"] and not valid_asset_name(cfg["durable_name"]):
         raise _invalid("consumer durable name can not contain '.', '*', '>', '\\', '/'")
+    if name_too_long(cfg["name"]) or name_too_long(cfg["durable_name"]):
+        # A name becomes a directory of its own: one longer than a file name may be (in
+        # bytes) is refused for every consumer, not only a durable as nats-server does.
+        raise ApiError.of("JSConsumerNameTooLongErrF", max=MAX_NAME_LEN)
     if cfg["num_replicas"] > 0 and cfg["num_replicas"] > stream_cfg["num_replicas"]:
         raise ApiError.of("JSConsumerReplicasExceedsStream")
     if cfg["num_replicas"] < 0:

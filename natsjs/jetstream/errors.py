@@ -14,6 +14,8 @@ the reference's ``NewJS*Error`` helpers do (server/jetstream_errors.go).
 """
 from __future__ import annotations
 
+import os
+
 import re
 
 # (constant, code, err_code, description), ordered by err_code.
@@ -346,6 +348,15 @@ def _go_text(value) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return str(value)
+
+
+def error_text(exc: BaseException) -> str:
+    """What a client may read of an unexpected failure: an OS error's reason without
+    the file name (the store's absolute path is nobody's business outside the server),
+    anything else as it reads."""
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno)
+    return str(exc)
 
 
 class ApiError(Exception):

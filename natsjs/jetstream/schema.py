@@ -155,7 +155,7 @@ def _decode(value, t, where: str):
         if not isinstance(value, str) or (value.lower() if t.lower else value) not in t.values:
             raw = _number_text(value) if isinstance(value, float) else \
                 json.dumps(value, separators=(",", ":"))
-            raise DecodeError(t.unknown.format(raw=raw, quoted=_go_quote(raw)))
+            raise DecodeError(t.unknown.format(raw=raw, quoted=go_quote(raw)))
         return value.lower() if t.lower else value
     if isinstance(t, ListOf):
         if not isinstance(value, list):
@@ -296,9 +296,9 @@ def _merge(into: dict, new: dict) -> dict:
     return into
 
 
-def _go_quote(s: str) -> str:
+def go_quote(s: str) -> str:
     """Go's %q of a string."""
-    return json.dumps(s)
+    return json.dumps(s, ensure_ascii=False)
 
 
 MAPOF_STRING = MapOf("string")

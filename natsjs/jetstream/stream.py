@@ -30,7 +30,7 @@ import trio
 from natsjs._core.jsingest import StreamSink
 from natsjs.jetstream import headers as H
 from natsjs.jetstream import sourcing
-from natsjs.jetstream.errors import ApiError
+from natsjs.jetstream.errors import ApiError, error_text
 from natsjs.jetstream.jstime import now_ns, parse_go_duration, rfc3339_nano
 from natsjs.jetstream.markers import SubjectDeleteMarkers, min_ttl
 from natsjs.jetstream.streamcfg import config_json, with_dynamic_metadata
@@ -368,7 +368,8 @@ class Stream:
                                           "%r", self.jsa.name, self.name, exc)
                     if reply is not None and reply.__class__ is not bytes:
                         continue    # a handler's message: nobody to answer
-                    out = self._error_reply(ApiError.of("JSStreamStoreFailedF", err=str(exc)))
+                    out = self._error_reply(ApiError.of("JSStreamStoreFailedF",
+                                                        err=error_text(exc)))
                 if reply and out is not None:
                     replies.append((reply, out))
             self._dirty = True

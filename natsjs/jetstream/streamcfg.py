@@ -15,7 +15,7 @@ from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.names import MAX_NAME_LEN, name_too_long, valid_asset_name
 from natsjs.subject_transform import TransformError, new_transform, validate_mapping
 from natsjs.jetstream.schema import (MAPOF_STRING, RAW, Enum, ListOf, MapOf, Struct,
-                                     is_empty, merged, zero_values)
+                                     go_quote, is_empty, merged, zero_values)
 from natsjs.jetstream.subjects import (is_literal, subjects_collide, subset_match,
                                        valid_publish_subject, valid_subject)
 
@@ -269,6 +269,11 @@ def check_stream_config(config: dict, ctx: CheckContext) -> dict:
         if cfg["allow_atomic"]:
             raise _invalid("async persist mode is not supported with atomic batch publish")
     _check_sources(cfg, ctx)
+    origins = [ctx.get_stream(s["name"]) for s in
+               ([cfg["mirror"]] if cfg["mirror"] else []) + (cfg["sources"] or [])
+               if not s.get("external")]
+    _check_external_prefixes(cfg, [subj for o in origins if o
+                                    for subj in o.get("subjects") or []])
     subjects = cfg["subjects"] or []
     if not subjects:
         if cfg["mirror"] is None and not cfg["sources"]:
@@ -337,6 +342,7 @@ def check_stream_config(config: dict, ctx: CheckContext) -> dict:
         raise _invalid("preferred server not permitted in placement")
     elif pl is not None:
         cfg["placement"] = {k: v for k, v in pl.items() if v}
+    check_source_filters(cfg)
     return cfg
 
 
@@ -369,9 +375,13 @@ def _check_sources(cfg: dict, ctx: CheckContext) -> None:
             for j, u in enumerate(trs):
                 if i != j and subjects_collide(t.get("src", ">"), u.get("src", ">")):
                     raise ApiError.of("JSMirrorOverlappingSubjectFilters")
+        _check_durable_source(mirror, "JSMirrorDurableConsumerCfgInvalid")
+        # The origin's name becomes a token of the subjects the mirror's consumer is
+        # created with, in this domain or another: valid either way (nats-server checks
+        # it only for a local origin).
+        if not valid_asset_name(mirror.get("name") or ""):
+            raise ApiError.of("JSMirrorInvalidStreamName")
         if mirror.get("external") is None:
-            if not valid_asset_name(mirror.get("name") or ""):
-                raise ApiError.of("JSMirrorInvalidStreamName")
             origin = ctx.get_stream(mirror["name"])
             if origin is not None:
                 if cfg["max_msg_size"] > 0 and origin["max_msg_size"] > 0 and \
@@ -379,6 +389,7 @@ def _check_sources(cfg: dict, ctx: CheckContext) -> None:
                     raise ApiError.of("JSMirrorMaxMessageSizeTooBigErr")
                 cfg["mirror_direct"] = origin["allow_direct"]
     names = set()
+    durables = set()
     for src in cfg["sources"] or []:
         if not valid_asset_name(src.get("name") or ""):
             raise ApiError.of("JSSourceInvalidStreamName")
@@ -388,6 +399,13 @@ def _check_sources(cfg: dict, ctx: CheckContext) -> None:
         names.add(iname)
         if src.get("filter_subject") and src.get("subject_transforms"):
             raise ApiError.of("JSSourceMultipleFiltersNotAllowed")
+        if _check_durable_source(src, "JSSourceDurableConsumerCfgInvalid"):
+            # server/stream.go composeCName: one durable per origin stream.
+            cname = (src["name"], src["consumer"]["name"],
+                     (src.get("external") or {}).get("api") or "")
+            if cname in durables:
+                raise ApiError.of("JSSourceDurableConsumerDuplicateDetected")
+            durables.add(cname)
         trs = src.get("subject_transforms") or []
         for t in trs:
             if t.get("src") and not valid_subject(t["src"]):
@@ -404,6 +422,66 @@ def _check_sources(cfg: dict, ctx: CheckContext) -> None:
             if origin is not None and cfg["max_msg_size"] > 0 and \
                     origin["max_msg_size"] > 0 and cfg["max_msg_size"] < origin["max_msg_size"]:
                 raise ApiError.of("JSSourceMaxMessageSizeTooBigErr")
+
+
+def _check_durable_source(src: dict, error: str) -> bool:
+    """server/stream.go checkStreamCfg on a mirror's or a source's ``consumer`` (a
+    durable on the origin): a valid name, a literal deliver subject, no start point
+    and no filter.  True when there is one."""
+    c = src.get("consumer")
+    if c is None:
+        return False
+    if not valid_asset_name(c.get("name") or "") or \
+            not valid_publish_subject(c.get("deliver_subject") or "") or \
+            src.get("opt_start_seq") or src.get("opt_start_time") or src.get("filter_subject"):
+        raise ApiError.of(error)
+    return True
+
+
+def check_source_filters(cfg: dict) -> None:
+    """server/stream.go addStream: a mirror's or a source's filter must be a valid
+    subject (checked after the limits there, so with its own error, 10049); and the
+    external prefixes of checkStreamCfg, which end up inside the subjects this stream's
+    sourcing publishes and listens on."""
+    mirror = cfg["mirror"]
+    if mirror is not None and not mirror.get("subject_transforms"):
+        f = mirror.get("filter_subject")
+        if f and not valid_subject(f):
+            raise ApiError.of("JSStreamCreateErrF",
+                              err="subject filter '%s' for the mirror invalid subject" % f)
+    for src in cfg["sources"] or []:
+        f = src.get("filter_subject")
+        if not src.get("subject_transforms") and f and not valid_subject(f):
+            raise ApiError.of("JSStreamCreateErrF",
+                              err="subject filter '%s' for the source: invalid subject" % f)
+
+
+def _check_external_prefixes(cfg: dict, origin_subjects) -> None:
+    """server/stream.go checkStreamCfg: external delivery prefixes are literal subjects
+    that capture none of the origins' subjects, API prefixes literal subjects clear of
+    this domain's API."""
+    exts = [s.get("external") for s in ([cfg["mirror"]] if cfg["mirror"] else []) +
+            (cfg["sources"] or [])]
+    exts = [e for e in exts if e]
+    for ext in exts:
+        pfx = ext.get("deliver")
+        if not pfx:
+            continue
+        if not valid_publish_subject(pfx):
+            raise ApiError.of("JSStreamInvalidExternalDeliverySubjErrF", prefix=pfx)
+        for sub in origin_subjects:
+            if subjects_collide(sub, "%s.%s" % (pfx, sub)):
+                raise ApiError.of("JSStreamExternalDelPrefixOverlapsErrF", prefix=pfx,
+                                  subject=sub)
+    for ext in exts:
+        pfx = ext.get("api")
+        if not pfx:
+            continue
+        if not valid_publish_subject(pfx):
+            raise _invalid("stream external api prefix %s must be a valid subject without "
+                           "wildcards" % go_quote(pfx))
+        if subjects_collide(pfx, "$JS.API"):
+            raise ApiError.of("JSStreamExternalApiOverlapErrF", prefix=pfx, subject="$JS.API")
 
 
 def _source_index_name(src: dict) -> str:

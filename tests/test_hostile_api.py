@@ -1,0 +1,328 @@
+"""JetStream API requests from an attacker: what used to forge messages into another
+account or take servers down, and what nats-server answers instead (issue 19,
+findings 1, 3 and 8; the class fix in natsjs/jetstream/names.py and the second wall in
+natsjs/_core/fanout.pyx).
+
+Each request is sent to natsjs and to the reference nats-server and the answers are
+compared (error code and description, or success); then natsjs must still answer, and
+must start again from its store.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+
+import nats
+import pytest
+
+from conftest import ServerProcess, natsjs_command, start_natsjs, start_reference
+from jscluster import JSCluster
+
+# The forging filter of the issue: once inside a protocol line, the bytes after the
+# first CR/LF become an HMSG of account B's, an RMSG into account A and more.
+FORGE = ("x 12 12\r\nNATS/1.0\r\n\r\n\r\nRMSG A victim.forged 20\r\n"
+         "FORGED-BY-ACCOUNT-B!\r\nHMSG B y")
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def ask(url: str, requests: list, user: str | None = None) -> list:
+    """Each (subject, body) asked in turn; the answers' JSON (or "timeout")."""
+    nc = await nats.connect(url, user=user, password=user, allow_reconnect=False)
+    out = []
+    try:
+        for subject, body in requests:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            try:
+                msg = await nc.request(subject, data, timeout=5)
+                out.append(json.loads(msg.data))
+            except nats.errors.TimeoutError:
+                out.append("timeout")
+    finally:
+        await nc.close()
+    return out
+
+
+def outcome(answer) -> tuple:
+    """What a client acts on: the error's code and text, or which kind of success."""
+    if not isinstance(answer, dict):
+        return (answer,)
+    err = answer.get("error")
+    if err:
+        return (err["code"], err["err_code"], err["description"])
+    return ("ok", answer.get("type"))
+
+
+def both(requests: list, *args) -> tuple[list, list, ServerProcess]:
+    """The requests' answers from natsjs and from nats-server (each a fresh server
+    with JetStream in a temporary store); natsjs is left running for the caller."""
+    ref = start_reference("-js", "-sd", args[0] + "-ref", *args[1:])
+    try:
+        expected = run(ask("nats://127.0.0.1:%d" % ref.port, requests))
+    finally:
+        ref.stop()
+    js = start_natsjs("-js", "-sd", args[0], *args[1:])
+    got = run(ask("nats://127.0.0.1:%d" % js.port, requests))
+    return got, expected, js
+
+
+def restarted(server: ServerProcess) -> ServerProcess:
+    """The same natsjs server stopped and started again from its store."""
+    assert server.alive(), server.text()[-3000:]
+    server.stop()
+    again = start_natsjs(*server.args[4:])
+    assert again.alive()
+    return again
+
+
+# ---- finding 1: CR/LF in the fields that reach protocol lines --------------------------
+
+FORGING_CREATES = [
+    ("$JS.API.STREAM.CREATE.S1", {"name": "S1", "subjects": ["s1"],
+                                  "sources": [{"name": "ORIGIN", "filter_subject": FORGE}]}),
+    ("$JS.API.STREAM.CREATE.S2", {"name": "S2", "subjects": ["s2"],
+                                  "sources": [{"name": "ORIGIN", "external": {
+                                      "api": "$JS.A\r\nPUB x 1\r\n.API", "deliver": "d"}}]}),
+    ("$JS.API.STREAM.CREATE.S3", {"name": "S3", "subjects": ["s3"],
+                                  "sources": [{"name": "ORIGIN", "external": {
+                                      "api": "$JS.A.API", "deliver": "d\r\nPUB x 1\r\n"}}]}),
+    ("$JS.API.STREAM.CREATE.S4", {"name": "S4", "mirror": {"name": "ORIGIN",
+                                                           "filter_subject": FORGE}}),
+    ("$JS.API.STREAM.CREATE.S5", {"name": "S5", "mirror": {"name": "ORIGIN", "external": {
+        "api": "$JS.A.API", "deliver": "d e"}}}),
+    ("$JS.API.STREAM.CREATE.S6", {"name": "S6", "subjects": ["s6"],
+                                  "sources": [{"name": "ORIGIN", "filter_subject": "a..b"}]}),
+    ("$JS.API.STREAM.CREATE.S7", {"name": "S7", "subjects": ["s7"], "sources": [
+        {"name": "ORIGIN", "consumer": {"name": "c", "deliver_subject": "d\r\ne"}}]}),
+]
+
+
+def test_crlf_in_source_and_mirror_fields_is_refused_as_nats_server_refuses_it(tmp_path):
+    got, expected, js = both(FORGING_CREATES, str(tmp_path / "s"))
+    try:
+        assert [outcome(a) for a in got] == [outcome(a) for a in expected]
+        assert all("error" in a for a in got), got
+        js = restarted(js)
+        names = run(ask("nats://127.0.0.1:%d" % js.port, [("$JS.API.STREAM.NAMES", b"")]))
+        assert names[0]["streams"] is None
+    finally:
+        js.stop()
+
+
+def raw_subscriber(port: int, user: str) -> socket.socket:
+    """A client of ``user``'s account on a bare socket, subscribed to everything: it sees
+    every protocol line the server writes to it, forged ones included."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.recv(4096)
+    s.sendall(b'CONNECT {"verbose":false,"user":"%s","pass":"%s","headers":true}\r\n'
+              b"SUB > 1\r\nPING\r\n" % (user.encode(), user.encode()))
+    buf = b""
+    while b"PONG\r\n" not in buf:
+        buf += s.recv(4096)
+    return s
+
+
+def frames(data: bytes) -> list[bytes]:
+    """The subjects of the MSG/HMSG frames in ``data``, read as a client reads them
+    (by the sizes in each line); anything that is not a frame fails the test."""
+    subjects = []
+    i = 0
+    while i < len(data):
+        end = data.index(b"\r\n", i)
+        line = data[i:end].split(b" ")
+        i = end + 2
+        if line[0] in (b"PING", b"PONG"):
+            continue
+        assert line[0] in (b"MSG", b"HMSG"), data[i - 200:i + 200]
+        size = int(line[-1])
+        subjects.append(line[1])
+        assert data[i + size:i + size + 2] == b"\r\n"
+        i += size + 2
+    return subjects
+
+
+def read_until_pong(s: socket.socket) -> bytes:
+    s.sendall(b"PING\r\n")
+    buf = b""
+    while not buf.endswith(b"PONG\r\n"):
+        chunk = s.recv(65536)
+        assert chunk, "connection closed"
+        buf += chunk
+    return buf
+
+
+ACCOUNTS = """
+  A { jetstream: enabled, users = [ { user: a, pass: a } ] }
+  B { jetstream: enabled, users = [ { user: b, pass: b } ] }
+"""
+
+
+def test_account_b_can_not_forge_into_account_a_across_the_cluster(tmp_path):
+    """The issue's attack, on a three-server cluster: B's stream with the forging
+    source filter is refused, and neither A's subscriber on another server nor B's own
+    ``>`` subscriber sees a forged line."""
+    with JSCluster(tmp_path, 3, accounts=ACCOUNTS).start() as cluster:
+        victim = raw_subscriber(cluster.ports[1], "a")
+        watcher = raw_subscriber(cluster.ports[0], "b")
+        answers = run(ask(cluster.url(0), [
+            ("$JS.API.STREAM.CREATE.EVIL", {"name": "EVIL", "subjects": ["evil"],
+                                            "sources": [{"name": "ORIGIN",
+                                                         "filter_subject": FORGE}]})],
+            user="b"))
+        assert outcome(answers[0])[:2] == (500, 10049), answers
+        # A legitimate source in B goes through the same machinery end to end: its
+        # consumer create is published and answered, so had the forging one been let
+        # in, its bytes would have been written by now.
+        ok = run(ask(cluster.url(0), [
+            ("$JS.API.STREAM.CREATE.GOOD", {"name": "GOOD", "subjects": ["good"],
+                                            "sources": [{"name": "ORIGIN",
+                                                         "filter_subject": "o.x"}]}),
+            ("$JS.API.STREAM.INFO.GOOD", b"")], user="b"))
+        assert "error" not in ok[0], ok
+        seen_a = read_until_pong(victim)
+        assert b"FORGED" not in seen_a and b"victim.forged" not in seen_a
+        # B sees its own requests (the forging text inside their payloads), each a
+        # whole frame: nothing it sent became a line of its own.
+        assert b"victim.forged" not in frames(read_until_pong(watcher))
+        assert sorted(cluster.alive()) == [0, 1, 2]
+
+
+def test_server_code_never_writes_a_line_breaking_subject():
+    """The second wall: whatever a check upstream missed, the fan-out refuses to put
+    CR, LF or a space into a MSG or RMSG line."""
+    from natsjs._core.fanout import ClientCore, UnsafeSubject
+    from natsjs._core.sublist import Sublist
+    core = ClientCore(lambda *a: None, None, Sublist())
+    for bad in (b"a\r\nMSG x 1 2", b"a b", b"a\tb", b"a\nb"):
+        with pytest.raises(UnsafeSubject):
+            core.publish(bad, None, -1, b"x")
+        with pytest.raises(UnsafeSubject):
+            core.publish(b"ok", bad, -1, b"x")
+        with pytest.raises(UnsafeSubject):
+            core.publish_deliver(b"ok", bad, None, -1, b"x")
+    core.publish(b"fine.subject", b"_INBOX.x", -1, b"x")
+
+
+# ---- finding 3: lone surrogates (and CR/LF) that used to crash the server for good ------
+
+SURROGATES = [
+    ("$JS.API.STREAM.CREATE.S1", b'{"name":"S1","subjects":["a\\udc80"]}'),
+    ("$JS.API.STREAM.CREATE.S2", b'{"name":"S2","mirror":{"name":"M\\udc80"}}'),
+    ("$JS.API.STREAM.CREATE.S3", b'{"name":"S3","subjects":["c"],'
+                                 b'"sources":[{"name":"\\udc80x"}]}'),
+    ("$JS.API.STREAM.CREATE.S4", {"name": "S4", "subjects": ["d.>"]}),
+    ("$JS.API.CONSUMER.CREATE.S4", b'{"stream_name":"S4","config":{'
+                                   b'"deliver_subject":"x\\udc80","deliver_group":"q\\udc80"}}'),
+    ("$JS.API.CONSUMER.CREATE.S4", b'{"stream_name":"S4","config":{'
+                                   b'"filter_subjects":["d.\\udc80"]}}'),
+    ("$JS.API.CONSUMER.CREATE.S4", b'{"stream_name":"S4","config":{'
+                                   b'"filter_subject":"d.\\ud800x"}}'),
+    ("$JS.API.CONSUMER.CREATE.S4", b'{"stream_name":"S4","config":{'
+                                   b'"deliver_subject":"y\\r\\nMSG z 1 1"}}'),
+    ("$JS.API.CONSUMER.DURABLE.CREATE.S4.D1", b'{"stream_name":"S4","config":{'
+                                              b'"durable_name":"D1","filter_subject":"d.\\udfff"}}'),
+    ("$JS.API.STREAM.CREATE.S5", b'{"name":"S5","subjects":["e"],"sources":[{"name":"O",'
+                                 b'"external":{"api":"$JS.X.API","deliver":"p\\r\\nq"}}]}'),
+]
+
+
+def test_lone_surrogates_are_read_as_go_reads_them_and_nothing_crashes(tmp_path):
+    got, expected, js = both(SURROGATES, str(tmp_path / "s"))
+    try:
+        assert [outcome(a) for a in got] == [outcome(a) for a in expected]
+        # Accepted where nats-server accepts them, each surrogate a U+FFFD.
+        assert got[0]["config"]["subjects"] == ["a\ufffd"]
+        assert got[4]["config"]["deliver_subject"] == "x\ufffd"
+        js = restarted(js)
+        again = run(ask("nats://127.0.0.1:%d" % js.port, [
+            ("$JS.API.STREAM.NAMES", b""), ("$JS.API.CONSUMER.NAMES.S4", b"")]))
+        created = sorted(a["config"]["name"] for a in got
+                         if a.get("type", "").endswith("stream_create_response") and
+                         "error" not in a)
+        assert "S4" in created and sorted(again[0]["streams"]) == created
+        assert len(again[1]["consumers"]) == len(
+            [a for a in got[4:9] if "error" not in a])
+    finally:
+        js.stop()
+
+
+def test_a_surrogate_request_leaves_every_server_of_a_cluster_up_after_a_restart(tmp_path):
+    """The crash-and-stay-down class on three servers: R3 stream and consumers with the
+    hostile fields, then every server restarted; all three come back and serve."""
+    with JSCluster(tmp_path, 3).start() as cluster:
+        answers = run(ask(cluster.url(0), [
+            ("$JS.API.STREAM.CREATE.R3", b'{"name":"R3","subjects":["r.>","s\\udc80"],'
+                                         b'"num_replicas":3}'),
+            ("$JS.API.CONSUMER.CREATE.R3", b'{"stream_name":"R3","config":{'
+                                           b'"deliver_subject":"x\\udc80","deliver_group":"g\\ud800"}}'),
+            ("$JS.API.CONSUMER.DURABLE.CREATE.R3.D", b'{"stream_name":"R3","config":{'
+                                                     b'"durable_name":"D","filter_subjects":["r.\\udc80"]}}'),
+            ("$JS.API.CONSUMER.CREATE.R3", b'{"stream_name":"R3","config":{'
+                                           b'"deliver_subject":"y\\r\\nMSG z 1 1"}}'),
+        ]))
+        assert "error" not in answers[0], answers
+        assert outcome(answers[3])[:2] == (400, 10112), answers    # invalid deliver subject
+        for i in range(3):
+            cluster.stop(i)
+        for i in range(3):
+            cluster.start_one(i).start()
+        cluster.wait_meta_leader()
+        assert sorted(cluster.alive()) == [0, 1, 2]
+        info = run(ask(cluster.url(2), [("$JS.API.STREAM.INFO.R3", b"")]))
+        assert info[0]["config"]["subjects"] == ["r.>", "s\ufffd"], info
+
+
+# ---- finding 8: the smaller ones -------------------------------------------------------
+
+def test_names_are_measured_in_bytes_as_nats_server_measures_them(tmp_path):
+    long_stream = "é" * 150          # 150 characters, 300 bytes
+    long_consumer = "ü" * 200
+    requests = [
+        ("$JS.API.STREAM.CREATE." + long_stream, {"name": long_stream, "subjects": ["l"]}),
+        ("$JS.API.STREAM.CREATE.OK", {"name": "OK", "subjects": ["ok"]}),
+        ("$JS.API.CONSUMER.DURABLE.CREATE.OK." + long_consumer,
+         {"stream_name": "OK", "config": {"durable_name": long_consumer}}),
+        ("$JS.API.STREAM.CREATE." + "ß" * 127, {"name": "ß" * 127, "subjects": ["m"]}),
+    ]
+    got, expected, js = both(requests, str(tmp_path / "s"))
+    try:
+        assert [outcome(a) for a in got] == [outcome(a) for a in expected]
+        assert outcome(got[0])[1] == 10052 and outcome(got[2])[1] == 10102
+        assert "error" not in got[3]            # 254 bytes: a file name still
+    finally:
+        js.stop()
+
+
+def test_stream_delete_takes_an_empty_object_as_nats_server_does(tmp_path):
+    requests = [("$JS.API.STREAM.CREATE.D", {"name": "D", "subjects": ["d"]}),
+                ("$JS.API.STREAM.DELETE.D", b"{}"),
+                ("$JS.API.STREAM.CREATE.E", {"name": "E", "subjects": ["e"]}),
+                ("$JS.API.STREAM.DELETE.E", b" "),
+                ("$JS.API.STREAM.DELETE.E", b'{"x":1}')]
+    got, expected, js = both(requests, str(tmp_path / "s"))
+    js.stop()
+    assert [outcome(a) for a in got] == [outcome(a) for a in expected]
+    assert got[1] == {"type": "io.nats.jetstream.api.v1.stream_delete_response",
+                      "success": True}
+
+
+def test_an_os_error_does_not_show_where_the_store_is(tmp_path):
+    store = tmp_path / "store"
+    js = start_natsjs("-js", "-sd", str(store))
+    try:
+        # Something that is not a directory where the stream's would go.
+        streams = store / "jetstream" / "$G" / "streams"
+        os.makedirs(streams, exist_ok=True)
+        (streams / "BLOCKED").write_text("")
+        answers = run(ask("nats://127.0.0.1:%d" % js.port, [
+            ("$JS.API.STREAM.CREATE.BLOCKED", {"name": "BLOCKED", "subjects": ["b"]}),
+            ("$JS.API.STREAM.CREATE.FREE", {"name": "FREE", "subjects": ["f"]})]))
+        assert "error" in answers[0], answers
+        assert str(tmp_path) not in json.dumps(answers[0]), answers[0]
+        assert "error" not in answers[1]
+    finally:
+        js.stop()
