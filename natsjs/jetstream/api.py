@@ -14,6 +14,7 @@ nats-server.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 
@@ -31,6 +32,7 @@ from natsjs.jetstream.schema import DecodeError, Struct, decode_request, is_empt
 from natsjs.jetstream.store import (FileConsumerStore, MemConsumerStore, OBS, META,
                                     MSGS, open_message_log, write_json_atomic)
 from natsjs.jetstream.stream import Stream
+from natsjs.jetstream.subjects import any_collide
 
 NAMES_LIMIT = 1024          # server/jetstream_api.go JSApiNamesLimit
 # A response dict may carry headers for the reply under this key (popped before sending).
@@ -291,6 +293,22 @@ class Api:
         except DecodeError as exc:
             raise ApiError.of("JSInvalidJSONErr", err=str(exc)) from None
 
+    # A request this large (up to max_payload, 1 MB: 100,000 subjects) takes more than a
+    # few milliseconds to decode and check: that work leaves the event loop.
+    OFF_LOOP_BYTES = 32 * 1024
+
+    async def off_loop(self, fn, *args):
+        """``fn(*args)`` for the request being answered: inline, or in a worker thread
+        when the request is large, so that a stream with 10,000 subjects does not stop
+        every other client's traffic while it is checked (the thread gives the loop the
+        interpreter every few milliseconds; nats-server answers others meanwhile too).
+        ``fn`` must not await and may only read shared state, which the loop may change
+        meanwhile: callers pass it what they took from shared state beforehand."""
+        item = self._current
+        if item is None or len(item[4]) < self.OFF_LOOP_BYTES:
+            return fn(*args)
+        return await trio.to_thread.run_sync(fn, *args)
+
     def _stream(self, jsa, name: str) -> Stream:
         s = jsa.streams.get(name)
         if s is None:
@@ -311,7 +329,7 @@ class Api:
     async def stream_create(self, jsa, name: str, body: bytes, hdr) -> dict:
         rtype = "stream_create_response"
         try:
-            req = self._decode(body, SC.STREAM_CONFIG_REQUEST)
+            req = await self.off_loop(self._decode, body, SC.STREAM_CONFIG_REQUEST)
             pedantic = bool(req.pop("pedantic", False))
             cfg = SC.from_request(req)
             SC.set_static_metadata(cfg)
@@ -333,7 +351,7 @@ class Api:
     async def add_stream(self, jsa, config: dict, pedantic: bool = False) -> Stream:
         """server/stream.go addStream for a single server."""
         ctx = self._check_context(jsa, pedantic)
-        cfg = SC.check_stream_config(config, ctx)
+        cfg = await self.off_loop(SC.check_stream_config, config, ctx)
         if cfg["num_replicas"] > 1 and self.server.cluster is None:
             raise ApiError.of("JSStreamReplicasNotSupportedErr")
         existing = jsa.streams.get(cfg["name"])
@@ -348,10 +366,9 @@ class Api:
                 return existing
             raise ApiError.of("JSStreamNameExistErr")
         jsa.check_new_stream(cfg)
-        for other in jsa.streams.values():
-            for a in cfg["subjects"] or []:
-                if any(SC.subjects_collide(a, b) for b in other.cfg["subjects"] or []):
-                    raise ApiError.of("JSStreamSubjectOverlapErr")
+        if await self.off_loop(any_collide, cfg["subjects"] or [],
+                               SC.subjects_of(o.cfg for o in list(jsa.streams.values()))):
+            raise ApiError.of("JSStreamSubjectOverlapErr")
         created = now_ns()
         path = None
         if cfg["storage"] == "file":
@@ -372,7 +389,7 @@ class Api:
     async def stream_update(self, jsa, name: str, body: bytes, hdr) -> dict:
         rtype = "stream_update_response"
         try:
-            req = self._decode(body, SC.STREAM_CONFIG_REQUEST)
+            req = await self.off_loop(self._decode, body, SC.STREAM_CONFIG_REQUEST)
             pedantic = bool(req.pop("pedantic", False))
             cfg = SC.from_request(req)
             if name != cfg["name"]:
@@ -385,16 +402,14 @@ class Api:
             SC.set_static_metadata(cfg)
             if old_level is not None and int(cfg["metadata"][SC.REQ_LEVEL_KEY]) < int(old_level):
                 cfg["metadata"][SC.REQ_LEVEL_KEY] = old_level
-            new = SC.check_update(stream.cfg, cfg, self._check_context(jsa, pedantic),
-                                  single_server=self.server.cluster is None)
+            new = await self.off_loop(SC.check_update, stream.cfg, cfg,
+                                      self._check_context(jsa, pedantic),
+                                      self.server.cluster is None)
             if new["num_replicas"] > 1 and self.server.cluster is None:
                 raise ApiError.of("JSStreamReplicasNotSupportedErr")
-            for other in jsa.streams.values():
-                if other is stream:
-                    continue
-                for a in new["subjects"] or []:
-                    if any(SC.subjects_collide(a, b) for b in other.cfg["subjects"] or []):
-                        raise ApiError.of("JSStreamSubjectOverlapErr")
+            others = [o.cfg for o in jsa.streams.values() if o is not stream]
+            if await self.off_loop(any_collide, new["subjects"] or [], SC.subjects_of(others)):
+                raise ApiError.of("JSStreamSubjectOverlapErr")
             jsa.check_new_stream(new, existing=stream)
             if stream.path:
                 await trio.to_thread.run_sync(
@@ -567,7 +582,7 @@ class Api:
                               kind: str) -> dict:
         rtype = "consumer_create_response"
         try:
-            req = self._decode(body, CC.CREATE_CONSUMER_REQUEST)
+            req = await self.off_loop(self._decode, body, CC.CREATE_CONSUMER_REQUEST)
             ccfg = CC.from_request(req.get("config") or {})
             action = req.get("action", "")
             pedantic = bool(req.get("pedantic"))
@@ -626,7 +641,7 @@ class Api:
         scfg = stream.cfg
         slim = self.js.opts.limits
         cfg = CC.set_defaults(config, scfg, slim, jsa.limits, pedantic)
-        CC.check_config(cfg, scfg, slim, jsa.limits)
+        await self.off_loop(CC.check_config, cfg, scfg, slim, jsa.limits)
         name = cfg["durable_name"] or cfg["name"]
         if name:
             existing = stream.consumers.get(name)
@@ -641,7 +656,7 @@ class Api:
                     if cmp != ocfg:
                         raise ApiError.of("JSConsumerAlreadyExists")
                 if scfg["retention"] == "workqueue" and \
-                        not self._partition_unique(stream, name, CC.filters_of(cfg)):
+                        not await self._partition_unique(stream, name, CC.filters_of(cfg)):
                     raise ApiError.of("JSConsumerWQConsumerNotUniqueErr")
                 CC.check_update(existing.cfg, cfg, lambda subj: bool(
                     jsa.account.sublist.match(subj.encode()).psubs))
@@ -675,7 +690,7 @@ class Api:
                 filters = CC.filters_of(cfg)
                 if not filters:
                     raise ApiError.of("JSConsumerWQMultipleUnfilteredErr")
-                if not self._partition_unique(stream, name, filters):
+                if not await self._partition_unique(stream, name, filters):
                     raise ApiError.of("JSConsumerWQConsumerNotUniqueErr")
         if not name:
             # A made-up name is the consumer's, not its config's (server/consumer.go:
@@ -710,18 +725,16 @@ class Api:
         except OSError as exc:
             raise ApiError.of("JSConsumerStoreFailedErrF", err=str(exc)) from None
 
-    @staticmethod
-    def _partition_unique(stream, name: str, filters: list) -> bool:
-        for cname, c in stream.consumers.items():
-            if cname == name or c.internal:
-                continue
-            if not c.filters:
-                return False
-            for a in filters:
-                for b in c.filters:
-                    if SC.subjects_collide(a, b):
-                        return False
-        return True
+    async def _partition_unique(self, stream, name: str, filters: list) -> bool:
+        """A work-queue consumer's filters collide with no other consumer's (and every
+        other has filters): server/stream.go partitionUnique."""
+        if not filters:
+            return True
+        others = [c.filters for cname, c in stream.consumers.items()
+                  if cname != name and not c.internal]
+        if any(not f for f in others):
+            return False
+        return not await self.off_loop(any_collide, filters, itertools.chain(*others))
 
     def _consumer(self, jsa, stream_name: str, name: str):
         stream = self._stream(jsa, stream_name)

@@ -25,6 +25,7 @@ from natsjs.jetstream.consumer import ephemeral_name
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns
 from natsjs.jetstream.schema import is_empty_request
+from natsjs.jetstream.subjects import any_collide
 
 T = "io.nats.jetstream.api.v1."
 NAMES_LIMIT = 1024
@@ -266,7 +267,7 @@ async def _stream_create(api, jsa, name: str, body: bytes, reply):
     cl = api.js.cluster
     rtype = "stream_create_response"
     try:
-        req = api._decode(body, SC.STREAM_CONFIG_REQUEST)
+        req = await api.off_loop(api._decode, body, SC.STREAM_CONFIG_REQUEST)
         pedantic = bool(req.pop("pedantic", False))
         cfg = SC.from_request(req)
         SC.set_static_metadata(cfg)
@@ -277,7 +278,8 @@ async def _stream_create(api, jsa, name: str, body: bytes, reply):
         if cfg["sealed"]:
             raise ApiError.of("JSStreamInvalidConfigF",
                               err="stream configuration for create can not be sealed")
-        cfg = SC.check_stream_config(cfg, _check_context(api, cl, jsa, pedantic))
+        cfg = await api.off_loop(SC.check_stream_config, cfg,
+                                 _check_context(api, cl, jsa, pedantic))
         key = "%s %s" % (jsa.name, name)
         existing = cl.state.streams.get(key)
         if existing is not None:
@@ -292,7 +294,7 @@ async def _stream_create(api, jsa, name: str, body: bytes, reply):
             if info is None:
                 raise ApiError.of("JSClusterNotAvailErr")
             return {"type": T + rtype, **info, "did_create": True}
-        await _assign_new_stream(cl, jsa, cfg, reply)
+        await _assign_new_stream(api, cl, jsa, cfg, reply)
     except ApiError as err:
         return _err(rtype, err)
     except trio.TooSlowError:
@@ -300,7 +302,7 @@ async def _stream_create(api, jsa, name: str, body: bytes, reply):
     return None     # the stream's first leader answers
 
 
-async def _assign_new_stream(cl, jsa, cfg: dict, reply, restore: bool = False) -> None:
+async def _assign_new_stream(api, cl, jsa, cfg: dict, reply, restore: bool = False) -> None:
     """The account's limits and the other streams' subjects allow it: place a new
     stream and propose its assignment."""
     from natsjs.jetstream.cluster import group_name
@@ -308,12 +310,9 @@ async def _assign_new_stream(cl, jsa, cfg: dict, reply, restore: bool = False) -
     count = sum(1 for sa in cl.state.streams.values() if sa["acc"] == jsa.name)
     if lim.max_streams > 0 and count >= lim.max_streams:
         raise ApiError.of("JSMaximumStreamsLimitErr")
-    for sa in cl.state.streams.values():
-        if sa["acc"] != jsa.name:
-            continue
-        for a in cfg["subjects"] or []:
-            if any(SC.subjects_collide(a, b) for b in sa["cfg"]["subjects"] or []):
-                raise ApiError.of("JSStreamSubjectOverlapErr")
+    others = [sa["cfg"] for sa in cl.state.streams.values() if sa["acc"] == jsa.name]
+    if await api.off_loop(any_collide, cfg["subjects"] or [], SC.subjects_of(others)):
+        raise ApiError.of("JSStreamSubjectOverlapErr")
     peers = cl.place(cfg)
     group = {"name": group_name("S", len(peers), cfg["storage"]), "peers": peers}
     op = {"op": "stream", "acc": jsa.name, "cfg": cfg, "group": group, "created": now_ns(),
@@ -334,7 +333,7 @@ async def _stream_restore(api, jsa, name: str, hdr, body: bytes, reply):
                                              _check_context(api, cl, jsa, False))
         if ("%s %s" % (jsa.name, name)) in cl.state.streams:
             raise ApiError.of("JSStreamNameExistRestoreFailedErr")
-        await _assign_new_stream(cl, jsa, cfg, reply, restore=True)
+        await _assign_new_stream(api, cl, jsa, cfg, reply, restore=True)
     except ApiError as err:
         return snapshot.restore_error(api, err)
     except trio.TooSlowError:
@@ -364,7 +363,7 @@ async def _stream_update(api, jsa, name: str, body: bytes):
     cl = api.js.cluster
     rtype = "stream_update_response"
     try:
-        req = api._decode(body, SC.STREAM_CONFIG_REQUEST)
+        req = await api.off_loop(api._decode, body, SC.STREAM_CONFIG_REQUEST)
         pedantic = bool(req.pop("pedantic", False))
         cfg = SC.from_request(req)
         if name != cfg["name"]:
@@ -377,14 +376,12 @@ async def _stream_update(api, jsa, name: str, body: bytes):
               if k not in (SC.VERSION_KEY, SC.LEVEL_KEY, SC.REQ_LEVEL_KEY)}
         cfg["metadata"] = md
         SC.set_static_metadata(cfg)
-        new = SC.check_update(sa["cfg"], cfg, _check_context(api, cl, jsa, pedantic),
-                              single_server=False)
-        for other in cl.state.streams.values():
-            if other is sa or other["acc"] != jsa.name:
-                continue
-            for a in new["subjects"] or []:
-                if any(SC.subjects_collide(a, b) for b in other["cfg"]["subjects"] or []):
-                    raise ApiError.of("JSStreamSubjectOverlapErr")
+        new = await api.off_loop(SC.check_update, sa["cfg"], cfg,
+                                 _check_context(api, cl, jsa, pedantic), False)
+        others = [o["cfg"] for o in cl.state.streams.values()
+                  if o is not sa and o["acc"] == jsa.name]
+        if await api.off_loop(any_collide, new["subjects"] or [], SC.subjects_of(others)):
+            raise ApiError.of("JSStreamSubjectOverlapErr")
         peers = list(sa["group"]["peers"])
         want = new["num_replicas"]
         if want > len(peers):
@@ -535,7 +532,7 @@ async def _consumer_create(api, jsa, stream_name: str, cname, filt, body: bytes,
     cl = api.js.cluster
     rtype = "consumer_create_response"
     try:
-        req = api._decode(body, CC.CREATE_CONSUMER_REQUEST)
+        req = await api.off_loop(api._decode, body, CC.CREATE_CONSUMER_REQUEST)
         ccfg = CC.from_request(req.get("config") or {})
         action = req.get("action", "")
         pedantic = bool(req.get("pedantic"))
@@ -565,7 +562,7 @@ async def _consumer_create(api, jsa, stream_name: str, cname, filt, body: bytes,
         scfg = sa["cfg"]
         CC.set_static_metadata(ccfg)
         cfg = CC.set_defaults(ccfg, scfg, api.js.opts.limits, jsa.limits, pedantic)
-        CC.check_config(cfg, scfg, api.js.opts.limits, jsa.limits)
+        await api.off_loop(CC.check_config, cfg, scfg, api.js.opts.limits, jsa.limits)
         if cfg["direct"] or cfg["sourcing"]:
             # A mirror's or source's consumer: a new name every time on a limits stream.
             from natsjs.jetstream.api import sourcing_consumer_name

@@ -18,8 +18,8 @@ from natsjs.jetstream.streamcfg import (MAX_DESCRIPTION_LEN, MAX_METADATA_LEN, M
                                        NS, go_duration, valid_asset_name,
                                        with_dynamic_metadata)
 from natsjs.jetstream.streamcfg import set_static_metadata as _set_static_metadata
-from natsjs.jetstream.subjects import (is_literal, subjects_collide, subset_match,
-                                       valid_subject)
+from natsjs.jetstream.subjects import (filters_overlap, is_literal, subjects_collide,
+                                       subset_match, valid_subject)
 
 MS = 1_000_000
 DEFAULT_ACK_WAIT = 30 * NS                # server/consumer.go JsAckWaitDefault
@@ -302,12 +302,13 @@ def check_config(cfg: dict, stream_cfg: dict, server_limits, account_limits,
         if not f:
             raise ApiError.of("JSConsumerEmptyFilter")
     filters = filters_of(cfg)
-    for i, s in enumerate(filters):
-        if not valid_subject(s):
-            raise _invalid("invalid subject")
-        for j, t in enumerate(filters):
-            if i != j and subset_match(s, t):
-                raise ApiError.of("JSConsumerOverlappingSubjectFilters")
+    # nats-server validates each filter in turn, then whether it lies within another
+    # one: the overlap counts only before the first invalid filter.
+    bad = next((i for i, s in enumerate(filters) if not valid_subject(s)), len(filters))
+    if filters_overlap(filters, bad):
+        raise ApiError.of("JSConsumerOverlappingSubjectFilters")
+    if bad < len(filters):
+        raise _invalid("invalid subject")
     dp = cfg["deliver_policy"]
     seq, start = cfg["opt_start_seq"], cfg["opt_start_time"]
 
@@ -369,7 +370,9 @@ def check_config(cfg: dict, stream_cfg: dict, server_limits, account_limits,
 
 
 def _delivery_forms_cycle(stream_cfg: dict, deliver_subject: str) -> bool:
-    return any(subjects_collide(s, deliver_subject) for s in stream_cfg.get("subjects") or [])
+    """server/consumer.go deliveryFormsCycle: the deliver subject lies within one of the
+    stream's subjects."""
+    return any(subset_match(deliver_subject, s) for s in stream_cfg.get("subjects") or [])
 
 
 def check_update(old: dict, new: dict, deliver_has_interest) -> None:

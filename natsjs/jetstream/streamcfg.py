@@ -10,14 +10,15 @@ stream info reads exactly like the reference's.
 from __future__ import annotations
 
 import copy
+import itertools
 
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.names import MAX_NAME_LEN, name_too_long, valid_asset_name
 from natsjs.subject_transform import TransformError, new_transform, validate_mapping
 from natsjs.jetstream.schema import (MAPOF_STRING, RAW, Enum, ListOf, MapOf, Struct,
                                      go_quote, is_empty, merged, zero_values)
-from natsjs.jetstream.subjects import (is_literal, subjects_collide, subset_match,
-                                       valid_publish_subject, valid_subject)
+from natsjs.jetstream.subjects import (first_overlap, is_literal, subjects_collide,
+                                       subset_match, valid_publish_subject, valid_subject)
 
 NS = 1_000_000_000
 MS = 1_000_000
@@ -281,29 +282,24 @@ def check_stream_config(config: dict, ctx: CheckContext) -> dict:
     else:
         if cfg["mirror"] is not None:
             raise ApiError.of("JSMirrorWithSubjectsErr")
+        # nats-server checks each subject in turn, then whether a later one collides
+        # with it; the first failure of either kind is the answer.  The per-subject
+        # checks run first, to find where that loop would stop, and the collisions are
+        # looked for set-wise below that point (subjects.first_overlap).
         seen = set()
+        stop, problem = len(subjects), None
         for i, subj in enumerate(subjects):
-            if not valid_subject(subj):
-                raise _invalid("invalid subject")
-            if subj in seen:
-                raise _invalid("duplicate subjects detected")
-            if subj == ">":
-                if not cfg["no_ack"]:
-                    raise _invalid("capturing all subjects requires no-ack to be true")
-                if cfg["num_replicas"] != 1:
-                    raise _invalid("capturing all subjects requires replicas of 1")
-            if not cfg["no_ack"]:
-                for ns in ("$JS.>", "$JSC.>", "$NRG.>"):
-                    if subjects_collide(subj, ns) and not subset_match(subj, "$JS.EVENT.>"):
-                        raise _invalid("subjects that overlap with jetstream api require "
-                                       "no-ack to be true")
-                if subjects_collide(subj, "$SYS.>") and not subset_match(subj, "$SYS.ACCOUNT.>"):
-                    raise _invalid("subjects that overlap with system api require no-ack to "
-                                   "be true")
-            for other in subjects[i + 1:]:
-                if subjects_collide(other, subj):
-                    raise _invalid('subject "%s" overlaps with "%s"' % (subj, other))
+            problem = _subject_problem(subj, seen, cfg)
+            if problem is not None:
+                stop = i
+                break
             seen.add(subj)
+        clash = first_overlap(subjects, stop)
+        if clash is not None:
+            i, j = clash
+            raise _invalid('subject "%s" overlaps with "%s"' % (subjects[i], subjects[j]))
+        if problem is not None:
+            raise problem
     if not cfg["subjects"] and not cfg["sources"] and cfg["mirror"] is None:
         raise _invalid("stream needs at least one configured subject or be a source/mirror")
     if ctx.max_bytes_required and cfg["max_bytes"] <= 0:
@@ -344,6 +340,30 @@ def check_stream_config(config: dict, ctx: CheckContext) -> dict:
         cfg["placement"] = {k: v for k, v in pl.items() if v}
     check_source_filters(cfg)
     return cfg
+
+
+def _subject_problem(subj: str, seen: set, cfg: dict) -> ApiError | None:
+    """server/stream.go checkStreamCfg on one of a stream's subjects, before the
+    overlap with later ones: the error, or None."""
+    if not valid_subject(subj):
+        return _invalid("invalid subject")
+    if subj in seen:
+        return _invalid("duplicate subjects detected")
+    if subj == ">":
+        if not cfg["no_ack"]:
+            return _invalid("capturing all subjects requires no-ack to be true")
+        if cfg["num_replicas"] != 1:
+            return _invalid("capturing all subjects requires replicas of 1")
+    # Only a first token starting with '$', '*' or '>' can meet these name spaces.
+    if not cfg["no_ack"] and subj[0] in "$*>":
+        for ns in ("$JS.>", "$JSC.>", "$NRG.>"):
+            if subjects_collide(subj, ns) and not subset_match(subj, "$JS.EVENT.>"):
+                return _invalid("subjects that overlap with jetstream api require no-ack "
+                                "to be true")
+        if subjects_collide(subj, "$SYS.>") and not subset_match(subj, "$SYS.ACCOUNT.>"):
+            return _invalid("subjects that overlap with system api require no-ack to be "
+                            "true")
+    return None
 
 
 def _check_sources(cfg: dict, ctx: CheckContext) -> None:
@@ -511,6 +531,12 @@ def _republish_ok(src: str, dest: str) -> bool:
     except TransformError:
         return False
     return True
+
+
+def subjects_of(configs):
+    """Every subject of the stream ``configs``, one after another (what a new or
+    updated stream's subjects must not collide with: subjects.any_collide)."""
+    return itertools.chain.from_iterable(c["subjects"] or () for c in configs)
 
 
 def check_update(old: dict, new: dict, ctx: CheckContext, single_server: bool) -> dict:
