@@ -15,6 +15,13 @@ raw-socket load generator (this module) that drives both servers byte for byte t
   monitoring port before routing) until its ``/routez`` counts that many subscriptions
   on its routes (the few the servers' own internal subscriptions add make no
   difference at this size).
+* ``jsconfig``: JetStream configuration checks that compare subjects set-wise: a stream
+  create with ``--js-subjects`` subjects, then a consumer create with ``--js-filters``
+  filter subjects, one request after the other on one connection (from the first byte
+  of the first request to the last reply; the figure is subjects checked per second),
+  while a second connection does PING round trips: the longest of those (the "PING
+  during" row; the ratio is nats-server's over natsjs's) shows whether other clients
+  were served meanwhile.
 
 Each load runs ``--repeat`` times per server on fresh processes, the order alternating;
 the table gives medians and the natsjs/nats-server ratio of rates (for RSS, of
@@ -22,7 +29,7 @@ subscriptions per megabyte), so that >= 1.0 means natsjs is at or better than th
 reference.  ``--pin`` runs every server on core 0 and this generator on core 1
 (bench/servers.py SERVER_CPU, LOAD_CPU).
 
-    python -m bench.control [--nats-server PATH] [--repeat 3] [--load subs,conns,route]
+    python -m bench.control [--nats-server PATH] [--repeat 3] [--load subs,conns,route,jsconfig]
 """
 from __future__ import annotations
 
@@ -37,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -46,8 +54,11 @@ from .servers import (HOST, LOAD_CPU, NATSJS, REFERENCE, SERVER_CPU, ServerKind,
 
 REPO = Path(__file__).resolve().parent.parent
 CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"lang":"bench","version":"1"}\r\n'
-LOADS = ("subs", "conns", "route")
+LOADS = ("subs", "conns", "route", "jsconfig")
 TITLES = {"subs": "subscribe (1 connection, %(subs)dk SUB, then PING)",
+          "jsconfig": "JetStream config checks (stream of %(js_subjects)d subjects, "
+                      "consumer of %(js_filters)d filters)",
+          "jsping": "longest PING during those",
           "conns": "connection set-up (%(conns)d x CONNECT + %(conn_subs)d SUB)",
           "route": "route interest exchange (server joins one holding %(subs)dk subs)",
           "rss": "RSS per subscription"}
@@ -164,6 +175,87 @@ def load_conns(port: int, conns: int, subs_each: int, window: int, timeout: floa
     return {"ops": conns, "seconds": seconds, "rate": conns / seconds}
 
 
+def read_msg(sock: socket.socket, buf: bytearray, timeout: float) -> bytes:
+    """The payload of the next MSG on ``sock`` (answering the server's PINGs)."""
+    while True:
+        read_until(sock, b"\r\n", buf, timeout)
+        end = buf.index(b"\r\n")
+        line = bytes(buf[:end])
+        del buf[:end + 2]
+        if line.startswith(b"MSG "):
+            size = int(line.split()[-1])
+            data = read_exactly(sock, buf, size + 2, timeout)
+            return data[:size]
+        if line.startswith(b"PING"):
+            sock.sendall(b"PONG\r\n")
+        elif line.startswith(b"-ERR"):
+            raise ConnectionError("server error: %r" % line)
+
+
+def read_exactly(sock: socket.socket, buf: bytearray, n: int, timeout: float) -> bytes:
+    deadline = time.monotonic() + timeout
+    while len(buf) < n:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("connection closed by the server")
+        buf += chunk
+    out = bytes(buf[:n])
+    del buf[:n]
+    return out
+
+
+def load_jsconfig(port: int, n_subjects: int, n_filters: int, timeout: float) -> dict:
+    """A stream create with ``n_subjects`` subjects, then a consumer create with
+    ``n_filters`` of them as filters, while another connection does PING round trips."""
+    subjects = ["cfg.%d.x" % i for i in range(n_subjects)]
+    bodies = [
+        (b"$JS.API.STREAM.CREATE.CFG",
+         {"name": "CFG", "subjects": subjects, "storage": "memory"}),
+        (b"$JS.API.CONSUMER.CREATE.CFG.C",
+         {"stream_name": "CFG", "config": {"name": "C", "durable_name": "C",
+                                           "ack_policy": "explicit",
+                                           "filter_subjects": subjects[:n_filters]}})]
+    c = Client(port, timeout)
+    pinger = Client(port, timeout)
+    stop_pinging = threading.Event()
+    pings: list[float] = []
+
+    def ping() -> None:
+        while not stop_pinging.is_set():
+            t = time.perf_counter()
+            pinger.ping()
+            pings.append(time.perf_counter() - t)
+
+    thread = threading.Thread(target=ping, daemon=True)
+    try:
+        c.ping(b"SUB _INBOX.cfg 1\r\n")
+        buf = bytearray()
+        answers, times = [], []
+        thread.start()
+        t0 = time.perf_counter()
+        for subject, body in bodies:
+            data = json.dumps(body).encode()
+            t = time.perf_counter()
+            c.sock.sendall(b"PUB %s _INBOX.cfg %d\r\n%s\r\n" % (subject, len(data), data))
+            answers.append(json.loads(read_msg(c.sock, buf, timeout)))
+            times.append(time.perf_counter() - t)
+        seconds = time.perf_counter() - t0
+    finally:
+        stop_pinging.set()
+        if thread.is_alive():
+            thread.join(timeout)
+        c.close()
+        pinger.close()
+    errors = [a["error"] for a in answers if "error" in a]
+    if errors:
+        raise RuntimeError("JetStream answered %s" % errors[0])
+    ops = n_subjects + n_filters
+    return {"ops": ops, "seconds": seconds, "rate": ops / seconds, "stream_s": times[0],
+            "consumer_s": times[1], "longest_ping": max(pings) if pings else None,
+            "pings": len(pings)}
+
+
 def wait_remote_interest(http_port: int, target: int,
                          timeout: float) -> tuple[float, float, int]:
     """Poll ``/routez`` until the server's routes hold ``target`` subscriptions of its
@@ -195,13 +287,17 @@ def measure(kind: ServerKind, load: str, args, work: Path) -> dict:
     logs.mkdir(parents=True, exist_ok=True)
     tag = f"{load}.{kind.label}.{time.monotonic_ns()}"
     try:
-        if load in ("subs", "conns"):
+        if load in ("subs", "conns", "jsconfig"):
             port, http = free_ports(2)
             log = logs / f"{tag}.log"
-            procs.append(launch(kind, ["-a", HOST, "-p", str(port), "-m", str(http)], log, pin))
+            js = ["-js", "-sd", str(work / tag)] if load == "jsconfig" else []
+            procs.append(launch(kind, ["-a", HOST, "-p", str(port), "-m", str(http), *js],
+                                log, pin))
             _wait_port(port, procs[0], time.monotonic() + 30, log)
             if load == "subs":
                 return load_subs(port, procs[0].pid, args.subs, args.timeout)
+            if load == "jsconfig":
+                return load_jsconfig(port, args.js_subjects, args.js_filters, args.timeout)
             return load_conns(port, args.conns, args.conn_subs, args.window, args.timeout)
         # route: A holds the subscriptions, B joins it.
         pa, ca, ha, pb, cb, hb = free_ports(6)
@@ -233,12 +329,13 @@ def measure(kind: ServerKind, load: str, args, work: Path) -> dict:
 def summarise(rows: list[dict], servers: list[str], loads: list[str]) -> list[dict]:
     out = []
     for load in loads:
-        for figure in (("rate", "rss_per_sub") if load == "subs" else ("rate",)):
-            name = "rss" if figure == "rss_per_sub" else load
+        figures = {"subs": ("rate", "rss_per_sub"), "jsconfig": ("rate", "longest_ping")}
+        for figure in figures.get(load, ("rate",)):
+            name = {"rss_per_sub": "rss", "longest_ping": "jsping"}.get(figure, load)
             e = {"load": name}
             for s in servers:
                 vals = [r[figure] for r in rows if r["load"] == load and r["server"] == s
-                        and not r.get("error")]
+                        and not r.get("error") and r.get(figure) is not None]
                 e[s] = statistics.median(vals) if vals else None
             out.append(e)
     return out
@@ -248,20 +345,25 @@ def table(summary: list[dict], servers: list[str], args) -> str:
     both = REFERENCE in servers and NATSJS in servers
     head = ["load"] + [f"{s}" for s in servers] + (["natsjs/nats-server"] if both else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    params = {"subs": args.subs // 1000, "conns": args.conns, "conn_subs": args.conn_subs}
+    params = {"subs": args.subs // 1000, "conns": args.conns, "conn_subs": args.conn_subs,
+              "js_subjects": args.js_subjects, "js_filters": args.js_filters}
+    # For these the smaller figure is the better one: the ratio is nats-server's over ours.
+    lower_better = ("rss", "jsping")
     for e in summary:
         title = TITLES[e["load"]] % params
         if e["load"] == "rss":
             cells = [("%.0f B" % e[s]) if e[s] is not None else "–" for s in servers]
+        elif e["load"] == "jsping":
+            cells = [("%.3f s" % e[s]) if e[s] is not None else "–" for s in servers]
         else:
-            unit = "conns/s" if e["load"] == "conns" else "subs/s"
+            unit = {"conns": "conns/s", "jsconfig": "subjects/s"}.get(e["load"], "subs/s")
             cells = [("%s %s" % (f"{e[s]:,.0f}", unit)) if e[s] is not None else "–"
                      for s in servers]
         if both:
             ref, ours = e[REFERENCE], e[NATSJS]
             if ref and ours:
                 # RSS: subscriptions per byte, so that >= 1.0 is at or better here too
-                ratio = ref / ours if e["load"] == "rss" else ours / ref
+                ratio = ref / ours if e["load"] in lower_better else ours / ref
                 cells.append("%.2f" % ratio)
             else:
                 cells.append("–")
@@ -281,12 +383,15 @@ def result_row(row: dict, slot: int, args) -> dict:
     msgs_per_sec = their rate; for ``subs``, size = RSS bytes per subscription."""
     return {"scenario": "ctl-" + row["load"], "title": row["load"], "mode": "ctl-" + row["load"],
             "topology": "cluster2-join" if row["load"] == "route" else "single",
+            # jsconfig: p99_us carries the longest PING round trip during the requests
             "nodes": 2 if row["load"] == "route" else 1, "server": row["server"],
             "repeat": row["repeat"], "slot": slot, "started_at": row["started_at"],
             "msgs": row.get("ops"), "size": round(row["rss_per_sub"]) if "rss_per_sub" in row else None,
             "pubs": 0, "subs": args.conn_subs if row["load"] == "conns" else args.subs,
             "seconds": row.get("seconds"), "msgs_per_sec": row.get("rate"),
-            "mb_per_sec": None, "p50_us": None, "p99_us": None, "received": None, "samples": 0,
+            "mb_per_sec": None, "p50_us": None,
+            "p99_us": row["longest_ping"] * 1e6 if row.get("longest_ping") else None,
+            "received": None, "samples": 0,
             "error": row.get("error"), "natsbench_args": "pin" if args.pin else None,
             "server_args": None}
 
@@ -303,6 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--conns", type=int, default=4000, help="connections (conns)")
     ap.add_argument("--conn-subs", type=int, default=10, help="SUBs per connection (conns)")
     ap.add_argument("--window", type=int, default=100, help="connections being set up at once")
+    ap.add_argument("--js-subjects", type=int, default=10_000,
+                    help="subjects of the stream (jsconfig)")
+    ap.add_argument("--js-filters", type=int, default=5_000,
+                    help="filter subjects of the consumer (jsconfig)")
     ap.add_argument("--timeout", type=float, default=120.0, help="per load, seconds")
     ap.add_argument("--pin", action="store_true",
                     help="servers on core 0, this generator on core 1 (taskset)")

