@@ -141,6 +141,15 @@ def test_cluster_up_writes_the_documentation_configuration(cluster):
     assert status.count("| yes ") == SIZE
 
 
+def test_cluster_up_returns_when_an_r5_stream_can_be_created(cluster):
+    """Issue 20: the first thing a user types once ``cluster up`` has returned works
+    the first time (it returns once the meta leader counts five servers online, and
+    the servers hold meta requests until they can act on them)."""
+    cluster.cli("stream", "add", "FIRST", "--subjects", "FIRST.*", "--replicas", "5",
+                "--defaults")
+    cluster.cli("stream", "rm", "FIRST", "-f")
+
+
 def test_cluster_down_stops_every_server(tmp_path):
     c = Cluster(tmp_path, "small", 1)
     pids = [s["pid"] for s in c.state["servers"]]

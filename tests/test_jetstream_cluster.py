@@ -1256,3 +1256,41 @@ def test_info_during_leader_step_down_is_answered(cluster3):
                     assert time.monotonic() - t0 < 5
         await nc.close()
     run(main())
+
+
+# ---- right after start: the documentation's flow never hears "temporarily unavailable" ----
+
+
+async def _documentation_flow(cluster: JSCluster, name: str, replicas: int):
+    """`nats account info`, then `nats stream add NAME --replicas N`, typed as soon as
+    the servers said they are ready: each is answered, neither with an error."""
+    nc = await nats.connect(cluster.url(0))
+    try:
+        js = nc.jetstream(timeout=5)       # the clients' usual request timeout
+        info = await js.account_info()
+        assert info.limits is not None
+        si = await js.add_stream(name=name, subjects=["%s.*" % name], num_replicas=replicas)
+        assert si.config.num_replicas == replicas
+    finally:
+        await nc.close()
+
+
+def test_documentation_flow_right_after_the_servers_are_ready(tmp_path):
+    """Issue 20: five servers configured as the documentation shows; the meta group forms
+    (and elects) a second or two after the last one says it is ready. Requests meant for
+    the meta leader are held until it can act on them, as nats-server (whose group forms
+    within milliseconds) answers them: they got "JetStream system temporarily
+    unavailable" (10008) for about 2 s."""
+    with JSCluster(tmp_path, 5, doc=True).start(wait=False) as c:
+        run(_documentation_flow(c, "ORDERS", 3))
+
+
+def test_whole_cluster_restart_answers_once_ready(tmp_path):
+    """Issue 20: a cluster stopped and started again whole is asked at once: the meta
+    group has to elect again, and the requests wait for it instead of failing."""
+    with JSCluster(tmp_path, 3, doc=True).start() as c:
+        run(_documentation_flow(c, "FIRST", 3))
+        for i in range(3):
+            c.stop(i)
+        c.start(wait=False)
+        run(_documentation_flow(c, "SECOND", 3))

@@ -189,14 +189,17 @@ def _http_json(port: int, path: str, timeout: float = 2.0):
 
 def cluster_formed(state: dict) -> tuple[bool, str]:
     """(ready, what we wait for): every server answers, and with JetStream every one
-    names the same meta leader; without it every server has a route to every other."""
+    names the same meta leader, which counts enough members online for an R3 stream
+    (R5 from five servers); without it every server has a route to every other."""
     size = len(state["servers"])
     leaders = set()
+    metas = {}
     for srv in state["servers"]:
         try:
             if state["jetstream"]:
                 jsz = _http_json(srv["http"], "/jsz")
-                leaders.add((jsz.get("meta_cluster") or {}).get("leader"))
+                metas[srv["name"]] = jsz.get("meta_cluster") or {}
+                leaders.add(metas[srv["name"]].get("leader"))
             else:
                 routez = _http_json(srv["http"], "/routez")
                 peers = {r.get("remote_name") or r.get("remote_id")
@@ -209,7 +212,16 @@ def cluster_formed(state: dict) -> tuple[bool, str]:
     if state["jetstream"]:
         if len(leaders) != 1 or None in leaders:
             return False, "the servers do not agree on a meta leader yet"
-        return True, "meta leader %s" % leaders.pop()
+        leader = leaders.pop()
+        # The cluster is up when it can place the streams users make first: R3 (R5 from
+        # five servers), so the leader must count that many members online.
+        want = size if size < 3 else 3 if size < 5 else 5
+        online = 1 + sum(1 for r in metas.get(leader, {}).get("replicas") or []
+                         if not r.get("offline"))
+        if online < want:
+            return False, "the meta leader %s knows %d of the %d servers an R%d stream " \
+                "needs" % (leader, online, want, want)
+        return True, "meta leader %s" % leader
     return True, "full mesh"
 
 

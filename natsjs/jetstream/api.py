@@ -136,12 +136,14 @@ class Api:
 
     PARK_FOR = 2.0       # how long a request waits for a leader being elected here
 
-    def park(self, rep) -> None:
+    def park(self, rep, until: float | None = None) -> None:
         """The request being dispatched concerns ``rep``, whose group is electing a
         leader that may be this server: it waits (``unpark`` when this replica leads),
-        rather than go unanswered for the client's whole timeout."""
+        rather than go unanswered for the client's whole timeout.  ``unpark`` forgets
+        it after PARK_FOR seconds, or after ``until`` (trio's clock) when given."""
         parked = rep.__dict__.setdefault("_parked", [])
-        parked.append((trio.current_time() + self.PARK_FOR, self._current))
+        parked.append((trio.current_time() + self.PARK_FOR if until is None else until,
+                       self._current))
 
     def unpark(self, rep) -> None:
         parked = rep.__dict__.pop("_parked", None)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 
@@ -52,6 +53,12 @@ INFO_INTERVAL = 1.0          # how often a server announces itself
 OFFLINE_AFTER = 3.5          # silence after which a peer counts as offline
 BOOTSTRAP_STABLE = 1.0       # the known peer set must hold still this long
 BOOTSTRAP_QUORUM_WAIT = 10.0  # ... or this long when only a quorum of servers is there
+# The longest a meta request (stream create, account info ...) is held while the meta
+# group has no leader, or cannot yet place what it asks for, before it is answered
+# "temporarily unavailable": less than clients' usual 5 s request timeout.
+META_HOLD = 4.0
+# The header a held request carries when a server publishes it again for the meta leader.
+PASSED_ON = b"Natsjs-Held: 1\r\n"
 META_SNAPSHOT_EVERY = 256    # meta entries between snapshots
 T = "io.nats.jetstream.api.v1."
 
@@ -265,6 +272,11 @@ class MetaState(StateMachine):
         self.cluster.meta_leader_changed(leader, term)
 
 
+class HeldRequests:
+    """Meta requests parked (Api.park) until the meta group can act on them: a leader is
+    known, or a peer placement waits for was heard from (JetStreamCluster.hold)."""
+
+
 class JetStreamCluster:
     """The clustered side of a JetStream server (created by the engine when the server
     has a cluster block)."""
@@ -293,6 +305,9 @@ class JetStreamCluster:
                                      META)
         self.tags = list(getattr(self.server.opts, "server_tags", ()) or ())
         self.started = trio.current_time()
+        self.held = HeldRequests()
+        self._held_replies: dict[bytes, float] = {}   # reply subject -> held until
+        self._answered: dict[bytes, float] = {}       # meta leader: reply -> remembered until
 
     # ---- running ----------------------------------------------------------------------
 
@@ -373,6 +388,8 @@ class JetStreamCluster:
         if first and peer != self.me:
             # Answer at once so a new server learns about us without waiting a second.
             self._publish_info()
+            # A create held for want of peers may be placeable now.
+            self.js.api.unpark(self.held)
 
     def js_peers(self) -> set[str]:
         """Peers of the JetStream cluster this server knows (itself included)."""
@@ -626,6 +643,7 @@ class JetStreamCluster:
                                  self.node_name(leader), self.name)
             ev, self._leader_event = self._leader_event, trio.Event()
             ev.set()
+            self.js.api.unpark(self.held)
         if leader == self.me:
             self._nursery.start_soon(self._after_election)
 
@@ -801,6 +819,75 @@ class JetStreamCluster:
 
     def leaderless(self) -> bool:
         return self.meta is None or self.meta.leader is None
+
+    def hold(self, api, reply: bytes | None) -> bool:
+        """Hold the meta request ``api`` is dispatching until the meta group may act on
+        it (a leader is elected, a peer is heard from): it is dispatched again then.
+        False once it has been held META_HOLD seconds: answer it now.
+
+        Servers say they are ready before their meta group has formed or elected (a
+        cluster's servers start one by one; each must listen before the next can
+        route to it), so a request made right after start would otherwise be told
+        "temporarily unavailable", which nats-server, whose group forms within
+        milliseconds, never says there."""
+        until = api.received + META_HOLD
+        if not reply or trio.current_time() >= until or self.server.shutting_down:
+            return False
+        held = self._held_replies
+        if len(held) > 1024:
+            now = trio.current_time()
+            for r in [r for r, t in held.items() if t < now]:
+                del held[r]
+        held[reply] = until
+        # Never forgotten while parked: dispatched again at the latest at ``until``,
+        # when it is answered whatever the meta group's state.
+        api.park(self.held, until=math.inf)
+        self._nursery.start_soon(self._release_held, api, until)
+        return True
+
+    def pass_on_held(self, account, subject: str, reply: bytes | None, hdr, body: bytes) -> None:
+        """A request held here while there was no meta leader, and another server leads
+        now: publish it again. Routes that were still forming when it was first
+        published may have kept it from the new leader; the leader answers each reply
+        subject once (``first_answer``), so the copies other holders pass on are not
+        answered twice."""
+        if reply is None or self._held_replies.pop(reply, None) is None:
+            return
+        if hdr:
+            hdr = hdr[:-2] + PASSED_ON + b"\r\n"
+        else:
+            hdr = b"NATS/1.0\r\n" + PASSED_ON + b"\r\n"
+        self.server.deliver(account, subject.encode(), reply, hdr + body, hdr=len(hdr))
+
+    def first_answer(self, reply: bytes | None, hdr: bytes | None) -> bool:
+        """On the meta leader: False for a request passed on (``pass_on_held``) whose
+        reply subject it has answered already, as it held it too or another server
+        passed it on first."""
+        if reply is None:
+            return True
+        passed_on = hdr is not None and PASSED_ON in hdr
+        if not passed_on and self._held_replies.pop(reply, None) is None:
+            return True         # an ordinary request: reply subjects may be reused
+        now = trio.current_time()
+        seen = self._answered
+        if len(seen) > 1024:
+            for r in [r for r, t in seen.items() if t < now]:
+                del seen[r]
+        if seen.get(reply, 0) >= now:
+            return False
+        seen[reply] = now + 3 * META_HOLD
+        return True
+
+    async def _release_held(self, api, when: float) -> None:
+        await trio.sleep_until(when)
+        api.unpark(self.held)
+
+    def peers_unheard(self) -> bool:
+        """Soon after start, some member of the meta group has not been heard from yet:
+        placement may find more peers within a second or two."""
+        if trio.current_time() - self.started > 2 * OFFLINE_AFTER:
+            return False
+        return any(p not in self.nodes for p in self._meta_voters() if p != self.me)
 
     async def propose_meta(self, op: dict) -> None:
         """Propose an assignment and wait until this server has applied it."""

@@ -22,12 +22,14 @@ import trio
 from natsjs.jetstream import consumercfg as CC
 from natsjs.jetstream import streamcfg as SC
 from natsjs.jetstream.consumer import ephemeral_name
-from natsjs.jetstream.errors import ApiError
+from natsjs.jetstream.errors import BY_CONSTANT, ApiError
 from natsjs.jetstream.jstime import now_ns
 from natsjs.jetstream.schema import is_empty_request
 from natsjs.jetstream.subjects import any_collide
 
 T = "io.nats.jetstream.api.v1."
+# Placement found too few peers (held while some member is yet to be heard from).
+NO_PEERS = BY_CONSTANT["JSClusterNoPeersErrF"][2]
 NAMES_LIMIT = 1024
 LIST_LIMIT = 256
 
@@ -90,10 +92,13 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
     # ---- the meta leader's requests -----------------------------------------------------
     if cl.leaderless():
         rtype = _meta_rtype(op)
-        if rtype is None:
+        if rtype is None or cl.hold(api, reply):
             return None
         return _err(rtype, ApiError.of("JSClusterNotAvailErr"))
     if not cl.is_meta_leader():
+        cl.pass_on_held(jsa.account, subject, reply, hdr, body)
+        return None
+    if _meta_rtype(op) is not None and not cl.first_answer(reply, hdr):
         return None
     if op == ["INFO"]:
         return {"type": T + "account_info_response", **_account_info(cl, jsa)}
@@ -296,6 +301,8 @@ async def _stream_create(api, jsa, name: str, body: bytes, reply):
             return {"type": T + rtype, **info, "did_create": True}
         await _assign_new_stream(api, cl, jsa, cfg, reply)
     except ApiError as err:
+        if err.err_code == NO_PEERS and cl.peers_unheard() and cl.hold(api, reply):
+            return None     # dispatched again when a peer is heard from
         return _err(rtype, err)
     except trio.TooSlowError:
         return _err(rtype, ApiError.of("JSClusterNotAvailErr"))
