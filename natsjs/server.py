@@ -521,7 +521,7 @@ class Server:
         if self.cluster is not None and changed:
             self.cluster.interest_changed(account, changed, delta)
         if self.jetstream is not None:
-            self.jetstream.interest_changed(account)
+            self.jetstream.interest_changed(account, subs)
 
     def remove_connection(self, client) -> None:
         if self.clients.pop(client.cid, None) is not None:

@@ -680,15 +680,15 @@ class Api:
             maxc = acc_max
         # Consumers of mirrors and sources do not count (server/stream.go
         # numLimitableConsumers).
-        limitable = [c for c in stream.consumers.values() if not c.internal]
-        if maxc > 0 and len(limitable) >= maxc:
+        # Counted only under a limit: a create must not cost the number of consumers.
+        if maxc > 0 and sum(1 for c in stream.consumers.values() if not c.internal) >= maxc:
             raise ApiError.of("JSMaximumConsumersLimitErr")
         if scfg["retention"] == "workqueue" and not cfg["direct"] and not cfg["sourcing"]:
             if cfg["ack_policy"] not in ("explicit", "flow_control"):
                 raise ApiError.of("JSConsumerWQRequiresExplicitAckErr")
             if cfg["deliver_policy"] != "all":
                 raise ApiError.of("JSConsumerWQConsumerNotDeliverAllErr")
-            if limitable:
+            if any(not c.internal for c in stream.consumers.values()):
                 filters = CC.filters_of(cfg)
                 if not filters:
                     raise ApiError.of("JSConsumerWQMultipleUnfilteredErr")

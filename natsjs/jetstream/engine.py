@@ -216,6 +216,10 @@ class JetStream:
         self.sync_interval = opts.sync_interval
         self.enabled = True
         self.accounts: dict[str, JsAccount] = {}
+        # Push consumers by account name and deliver subject, so that a subscription
+        # coming or going looks at the consumers it concerns, not at all of them
+        # (nats-server registers a notification per deliver subject, sublist.go).
+        self._push: dict[str, dict[bytes, set]] = {}
         self.api_total = 0
         self.api_errors = 0
         self.max_memory = opts.max_memory
@@ -493,10 +497,37 @@ class JetStream:
     def delete_consumer(self, stream, consumer, reason: str = "") -> None:
         self.api.remove_consumer(stream, consumer)
 
-    def interest_changed(self, account) -> None:
-        """Local interest in ``account`` changed: push consumers look again (those of
-        every account when ``account`` imports streams: its subscribers count for the
-        exporter's consumers, natsjs/accounts.py exact_interest)."""
+    def watch_deliver(self, consumer, subject: str | None) -> None:
+        """``consumer`` (a push consumer of ``consumer.stream.jsa``) delivers to
+        ``subject`` from now on, or to nothing (None): interest changes there are
+        passed to its ``check_interest``."""
+        index = self._push.setdefault(consumer.stream.jsa.name, {})
+        old = consumer.watched
+        if old is not None:
+            watchers = index.get(old)
+            if watchers is not None:
+                watchers.discard(consumer)
+                if not watchers:
+                    del index[old]
+        consumer.watched = subject.encode() if subject else None
+        if consumer.watched is not None:
+            index.setdefault(consumer.watched, set()).add(consumer)
+
+    def interest_changed(self, account, subs=None) -> None:
+        """Local interest in ``account`` changed (``subs`` came or went; None: it may
+        have changed anywhere): push consumers look again.  Only a subscription on a
+        deliver subject itself counts for a consumer (natsjs/accounts.py
+        exact_interest), so a literal subscription wakes the consumers delivering to
+        it and a wildcard none; when ``account`` imports streams its subscribers count
+        for the exporters' consumers, and every consumer looks."""
+        if subs is not None and not account.imports_streams():
+            index = self._push.get(account.name)
+            if not index:
+                return
+            for sub in subs:
+                for c in list(index.get(sub.subject, ())):
+                    c.check_interest()
+            return
         if account.imports_streams():
             jsas = list(self.accounts.values())
         else:
