@@ -326,3 +326,50 @@ def test_an_os_error_does_not_show_where_the_store_is(tmp_path):
         assert "error" not in answers[1]
     finally:
         js.stop()
+
+
+# ---- finding 8: thousands of consumers ------------------------------------------------
+
+def test_a_subscription_wakes_only_the_push_consumers_delivering_to_it(tmp_path, monkeypatch):
+    """18,000 ephemeral consumers held the loop for seconds: every subscription that
+    came or went made every push consumer look for interest again (and a consumer's
+    create subscribes three times).  Now only those delivering to its subject look."""
+    import trio
+
+    from natsjs.jetstream.config import JetStreamOptions
+    from natsjs.jetstream.consumer import Consumer
+    from test_server import Conn, new_server, serving
+
+    server, _ = new_server(jetstream=JetStreamOptions(store_dir=str(tmp_path)))
+    looked = []
+    check = Consumer.check_interest
+
+    def counted(self):
+        looked.append(self.cfg["deliver_subject"])
+        return check(self)
+    monkeypatch.setattr(Consumer, "check_interest", counted)
+    n = 200
+
+    async def request(c: Conn, subject: str, body: dict) -> dict:
+        c.buf = b""
+        await c.send(b"SUB _R 99\r\nPUB %s _R %d\r\n%s\r\n" % (
+            subject.encode(), len(json.dumps(body)), json.dumps(body).encode()))
+        await c.until(b"}\r\n")
+        return json.loads(c.buf.split(b"\r\n")[1])
+
+    async def test():
+        c = await Conn.open(server)
+        assert "error" not in await request(c, "$JS.API.STREAM.CREATE.P",
+                                            {"name": "P", "subjects": ["p"]})
+        for i in range(n):
+            r = await request(c, "$JS.API.CONSUMER.CREATE.P", {
+                "stream_name": "P", "config": {"deliver_subject": "d.%d" % i}})
+            assert "error" not in r, r
+        looked.clear()
+        await c.send(b"SUB d.7 1\r\nSUB other 2\r\nUNSUB 2\r\n")
+        await c.ping()
+        assert looked == ["d.7"]
+        info = await request(c, "$JS.API.CONSUMER.LIST.P", {})
+        assert sum(1 for ci in info["consumers"] if ci.get("push_bound")) == 1
+
+    trio.run(serving, server, test)
