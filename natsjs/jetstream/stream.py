@@ -190,8 +190,7 @@ class Stream:
     def _subscribe(self) -> None:
         acc = self.jsa.account
         if self.cfg["mirror"] is None:
-            for subj in self.cfg["subjects"] or []:
-                self._subs.append(self.js.subscribe(acc, subj.encode(), self._sink))
+            self._subs = self.js.subscribe_all(acc, self.cfg["subjects"] or [], self._sink)
         self._update_direct()
 
     def _update_direct(self) -> None:
@@ -211,22 +210,17 @@ class Stream:
     def _subscribe_capture(self) -> None:
         """A replica that became its stream's leader starts taking publishes."""
         if not self._subs and not self.closed and self.cfg["mirror"] is None:
-            acc = self.jsa.account
-            for subj in self.cfg["subjects"] or []:
-                self._subs.append(self.js.subscribe(acc, subj.encode(), self._sink))
+            self._subs = self.js.subscribe_all(self.jsa.account, self.cfg["subjects"] or [],
+                                               self._sink)
 
     def _unsubscribe_capture(self) -> None:
-        acc = self.jsa.account
-        for sub in self._subs:
-            self.js.unsubscribe(acc, sub)
+        self.js.unsubscribe_all(self.jsa.account, self._subs)
         self._subs = []
         self._inbox = self._sink.inbox = []
         self._sink.clear_batch()
 
     def _unsubscribe(self) -> None:
-        acc = self.jsa.account
-        for sub in self._subs + self._direct_subs:
-            self.js.unsubscribe(acc, sub)
+        self.js.unsubscribe_all(self.jsa.account, self._subs + self._direct_subs)
         self._subs = []
         self._direct_subs = []
 
@@ -1177,12 +1171,10 @@ class Stream:
         leading = self.replica is None or self.replica.is_leader()
         if old["subjects"] != cfg["subjects"]:
             acc = self.jsa.account
-            for sub in self._subs:
-                self.js.unsubscribe(acc, sub)
+            self.js.unsubscribe_all(acc, self._subs)
             self._subs = []
             if cfg["mirror"] is None and leading:
-                for subj in cfg["subjects"] or []:
-                    self._subs.append(self.js.subscribe(acc, subj.encode(), self._sink))
+                self._subs = self.js.subscribe_all(acc, cfg["subjects"] or [], self._sink)
         self._make_transforms()
         self._make_markers()
         self._update_direct()
