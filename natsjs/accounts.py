@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from natsjs._core.fanout import ClientCore
 from natsjs._core.interest import count_interest
-from natsjs._core.sublist import Sublist, Subscription, subject_matches
+from natsjs._core.sublist import Sublist, Subscription
 from natsjs.auth import AuthConfigError, User, parse_users
 
 GLOBAL_ACCOUNT = "$G"
@@ -439,10 +439,6 @@ class Account:
                 del responses[k]
         responses[token] = (requester, reply, rtype, time.monotonic() + RESPONSE_TTL)
         return token
-
-    def matches_export(self, subject: str, service: bool) -> bool:
-        return any(e.service == service and subject_matches(e.subject.encode(), subject.encode())
-                   for e in self.config.exports)
 
 
 class Imports:

@@ -17,7 +17,7 @@ import base64
 import hmac
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from natsjs import conf
 from natsjs._core.sublist import Sublist, Subscription
@@ -460,11 +460,3 @@ class PermissionChecker:
             if queue is not None and self._matches(self._sub_deny, subject, queue):
                 return False
         return True
-
-
-@dataclass
-class Binding:
-    """What an authenticated connection is bound to."""
-    user: User
-    account: str
-    checker: PermissionChecker | None = field(default=None)

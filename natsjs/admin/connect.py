@@ -231,10 +231,6 @@ class Settings:
             return "$JS.%s.API" % self.js_domain
         return "$JS.API"
 
-    @property
-    def event_prefix(self) -> str:
-        return self.js_event_prefix.rstrip(".") if self.js_event_prefix else "$JS.EVENT"
-
 
 def split_urls(text: str) -> list[str]:
     out = []

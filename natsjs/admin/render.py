@@ -51,12 +51,6 @@ def ibytes(n) -> str:
     return _humanate(n, 1024, _IEC)
 
 
-def sbytes(n) -> str:
-    """go-humanize Bytes (SI units): used by bench for its throughput figures."""
-    n = int(n or 0)
-    return _humanate(n, 1000, _SI)
-
-
 _SIZE_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _SIZE_UNITS = {
     "": 1, "b": 1,

@@ -15,7 +15,6 @@ subscribers are first-class); what they publish goes through ``publisher`` /
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 
 import trio
@@ -673,5 +672,3 @@ def _go_mkdir_err(exc: OSError, path: str) -> str:
     return "mkdir %s: %s" % (path, (exc.strerror or str(exc)).lower())
 
 
-def remove_tree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)

@@ -7,7 +7,7 @@ Where it sits on the clustered write path::
     response -> commit on a quorum -> Ready.committed -> stream apply -> PubAck
 
 The node does no I/O and reads no clock.  The driver (``raft_driver.RaftService`` on trio,
-``tests/raftsim.py`` in the simulator) feeds it inputs -- ``tick(now)``, ``step(data)``,
+``natsjs/testing/raftsim.py`` in the simulator) feeds it inputs -- ``tick(now)``, ``step(data)``,
 ``propose(data)``, ``persisted(index)``, ``transfer_leadership()``, ``add_peer`` /
 ``remove_peer``, ``compact(index, snapshot)`` -- and then takes the accumulated effects
 with ``ready()``: hard state to persist, log operations, messages, committed entries.

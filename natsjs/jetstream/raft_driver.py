@@ -6,7 +6,7 @@ Where it sits on the clustered write path::
     send (transport: routes later, LocalNetwork in tests) ... fsync in a worker thread
     (group commit) -> RaftNode.persisted -> commit -> StateMachine.apply
 
-``RaftStorage`` is synchronous and shared with the simulator (tests/raftsim.py), which runs
+``RaftStorage`` is synchronous and shared with the simulator (natsjs/testing/raftsim.py), which runs
 it over a model file log that forgets unsynced writes on a crash; so the recovery rules
 below are exercised by the same code that runs in the server.  On disk, per group::
 
@@ -739,15 +739,6 @@ class RaftService:
                 raise trio.ClosedResourceError("raft service closed")
             ev = self._applied_changed
             await ev.wait()
-
-    async def wait_leader(self) -> str:
-        """Wait until this node knows a leader; returns its id."""
-        while self.node.leader_id is None:
-            await self._wait_change()
-        return self.node.leader_id
-
-    async def _wait_change(self) -> None:
-        await self._applied_changed.wait()
 
     # -- tasks
     #

@@ -790,13 +790,6 @@ class Sim:
                 self.checker.fail("%s applied out of order" % v)
 
 
-def run_seeds(seeds, **kw):
-    out = []
-    for seed in seeds:
-        out.append(Sim(seed, **kw).run())
-    return out
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=200)
