@@ -83,6 +83,7 @@ import h11
 import trio
 
 from natsjs._core.sublist import subject_matches, valid_literal_subject
+from natsjs.jetstream.jstime import go_duration as go_duration_ns
 from natsjs.jetstream.jstime import go_uptime  # noqa: F401  (server.py takes it from here)
 
 MAX_REQUEST = 64 * 1024
@@ -224,35 +225,9 @@ def rfc3339(ts: float) -> str:
     return out + "Z"
 
 
-def _frac(value: int, unit: int) -> str:
-    whole, rest = divmod(value, unit)
-    if not rest:
-        return str(whole)
-    digits = len(str(unit)) - 1
-    return ("%d.%0*d" % (whole, digits, rest)).rstrip("0")
-
-
 def go_duration(seconds: float | None) -> str:
-    """Go's time.Duration.String()."""
-    ns = int(round((seconds or 0) * 1e9))
-    if ns == 0:
-        return "0s"
-    sign = "-" if ns < 0 else ""
-    ns = abs(ns)
-    if ns < 1000:
-        return "%s%dns" % (sign, ns)
-    if ns < 1000000:
-        return sign + _frac(ns, 1000) + "µs"
-    if ns < 1000000000:
-        return sign + _frac(ns, 1000000) + "ms"
-    out = ""
-    hrs, rest = divmod(ns, 3600 * 10**9)
-    mins, rest = divmod(rest, 60 * 10**9)
-    if hrs:
-        out += "%dh" % hrs
-    if hrs or mins:
-        out += "%dm" % mins
-    return sign + out + _frac(rest, 10**9) + "s"
+    """Go's time.Duration.String() of a time in seconds."""
+    return go_duration_ns(int(round((seconds or 0) * 1e9)))
 
 
 def rtt_string(rtt: float | None) -> str:

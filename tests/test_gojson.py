@@ -96,3 +96,17 @@ def test_values_are_the_byte_ranges_go_reads():
     data = b' {"a": [1, 2]}  "s" 12 true{}'
     assert [data[a:b] for a, b in values(data)] == [
         b'{"a": [1, 2]}', b'"s"', b'12', b'true', b'{}']
+
+
+def test_go_duration_prints_as_go_does_everywhere():
+    """One time.Duration.String() (issue 21): the copy in streamcfg printed 1234567ns as
+    "1.23457ms", and its text is in API errors."""
+    from natsjs.admin.render import go_duration as cli
+    from natsjs.jetstream.streamcfg import go_duration as api
+    from natsjs.monitor import go_duration as monitor
+    cases = {0: "0s", 999: "999ns", 1500: "1.5µs", 1234567: "1.234567ms",
+             1_000_000_001: "1.000000001s", 120 * 10**9: "2m0s",
+             3_723_500_000_000: "1h2m3.5s", -5_000_000: "-5ms"}
+    for ns, text in cases.items():
+        assert api(ns) == cli(ns) == text
+    assert monitor(1.234567e-3) == "1.234567ms"

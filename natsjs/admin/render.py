@@ -14,7 +14,7 @@ import math
 import re
 import sys
 
-from natsjs.jetstream.jstime import go_uptime, parse_rfc3339
+from natsjs.jetstream.jstime import go_duration, go_uptime, parse_rfc3339
 
 NS = 1_000_000_000
 MS = 1_000_000
@@ -97,38 +97,6 @@ def parse_duration(text: str) -> int:
     if pos != len(text) or pos == 0:
         raise ValueError("invalid duration %r" % text)
     return total
-
-
-def _fmt_frac(v: int, unit: int, suffix: str) -> str:
-    whole, frac = divmod(v, unit)
-    s = str(whole)
-    if frac:
-        digits = len(str(unit)) - 1
-        s += "." + ("%0*d" % (digits, frac)).rstrip("0")
-    return s + suffix
-
-
-def go_duration(ns: int) -> str:
-    """time.Duration.String(): 120s -> '2m0s', 70ms -> '70ms', 0 -> '0s'."""
-    ns = int(ns)
-    if ns == 0:
-        return "0s"
-    sign = "-" if ns < 0 else ""
-    ns = abs(ns)
-    if ns < US:
-        return sign + "%dns" % ns
-    if ns < MS:
-        return sign + _fmt_frac(ns, US, "µs")
-    if ns < NS:
-        return sign + _fmt_frac(ns, MS, "ms")
-    h, rest = divmod(ns, 3600 * NS)
-    m, rest = divmod(rest, 60 * NS)
-    out = ""
-    if h:
-        out += "%dh" % h
-    if h or m:
-        out += "%dm" % m
-    return sign + out + _fmt_frac(rest, NS, "s")
 
 
 def duration(ns) -> str:

@@ -76,6 +76,39 @@ def parse_go_duration(text: str) -> int:
     return sign * int(round(total))
 
 
+def _fraction(v: int, unit: int, suffix: str) -> str:
+    whole, frac = divmod(v, unit)
+    out = str(whole)
+    if frac:
+        digits = len(str(unit)) - 1
+        out += "." + ("%0*d" % (digits, frac)).rstrip("0")
+    return out + suffix
+
+
+def go_duration(ns: int) -> str:
+    """Go's time.Duration.String(), exactly: 120s -> '2m0s', 1234567ns -> '1.234567ms',
+    0 -> '0s' (the one copy: API error texts, monitoring and the CLI all use it)."""
+    ns = int(ns)
+    if ns == 0:
+        return "0s"
+    sign = "-" if ns < 0 else ""
+    ns = abs(ns)
+    if ns < 1000:
+        return sign + "%dns" % ns
+    if ns < 1_000_000:
+        return sign + _fraction(ns, 1000, "µs")
+    if ns < 1_000_000_000:
+        return sign + _fraction(ns, 1_000_000, "ms")
+    h, rest = divmod(ns, 3600 * 10**9)
+    m, rest = divmod(rest, 60 * 10**9)
+    out = ""
+    if h:
+        out += "%dh" % h
+    if h or m:
+        out += "%dm" % m
+    return sign + out + _fraction(rest, 10**9, "s")
+
+
 def go_uptime(seconds: float) -> str:
     """nats-server's myUptime: 1y2d3h4m5s, every unit below the largest shown."""
     t = max(int(seconds), 0)

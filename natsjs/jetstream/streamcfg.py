@@ -13,6 +13,7 @@ import copy
 import itertools
 
 from natsjs.jetstream.errors import ApiError
+from natsjs.jetstream.jstime import go_duration
 from natsjs.jetstream.names import MAX_NAME_LEN, name_too_long, valid_asset_name
 from natsjs.subject_transform import TransformError, new_transform, validate_mapping
 from natsjs.jetstream.schema import (MAPOF_STRING, RAW, Enum, ListOf, MapOf, Struct,
@@ -574,32 +575,6 @@ def check_update(old: dict, new: dict, ctx: CheckContext, single_server: bool) -
         cfg["deny_delete"] = cfg["deny_purge"] = True
         cfg["allow_rollup_hdrs"] = False
     return cfg
-
-
-def go_duration(ns: int) -> str:
-    """Go's time.Duration.String() for whole values (2m0s, 1.5s, 100ms)."""
-    if ns == 0:
-        return "0s"
-    neg = ns < 0
-    ns = abs(ns)
-    if ns < 1000:
-        s = "%dns" % ns
-    elif ns < MS:
-        s = ("%g" % (ns / 1000)) + "µs"
-    elif ns < NS:
-        s = ("%g" % (ns / MS)) + "ms"
-    else:
-        h, rem = divmod(ns, 3600 * NS)
-        m, rem = divmod(rem, 60 * NS)
-        secs = rem / NS
-        sec = ("%.9f" % secs).rstrip("0").rstrip(".") + "s"
-        if h:
-            s = "%dh%dm%s" % (h, m, sec)
-        elif m:
-            s = "%dm%s" % (m, sec)
-        else:
-            s = sec
-    return "-" + s if neg else s
 
 
 __all__ = ["STREAM_CONFIG_REQUEST", "STREAM_CONFIG", "check_stream_config", "check_update",
