@@ -9,15 +9,13 @@ must start again from its store.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import socket
 
-import nats
 import pytest
 
-from conftest import ServerProcess, natsjs_command, start_natsjs, start_reference
+from conftest import start_natsjs
+from hostile import ask, both, frames, outcome, raw_subscriber, read_until_pong, restarted, run
 from jscluster import JSCluster
 
 # The forging filter of the issue: once inside a protocol line, the bytes after the
@@ -26,57 +24,6 @@ FORGE = ("x 12 12\r\nNATS/1.0\r\n\r\n\r\nRMSG A victim.forged 20\r\n"
          "FORGED-BY-ACCOUNT-B!\r\nHMSG B y")
 
 
-def run(coro):
-    return asyncio.run(coro)
-
-
-async def ask(url: str, requests: list, user: str | None = None) -> list:
-    """Each (subject, body) asked in turn; the answers' JSON (or "timeout")."""
-    nc = await nats.connect(url, user=user, password=user, allow_reconnect=False)
-    out = []
-    try:
-        for subject, body in requests:
-            data = body if isinstance(body, bytes) else json.dumps(body).encode()
-            try:
-                msg = await nc.request(subject, data, timeout=5)
-                out.append(json.loads(msg.data))
-            except nats.errors.TimeoutError:
-                out.append("timeout")
-    finally:
-        await nc.close()
-    return out
-
-
-def outcome(answer) -> tuple:
-    """What a client acts on: the error's code and text, or which kind of success."""
-    if not isinstance(answer, dict):
-        return (answer,)
-    err = answer.get("error")
-    if err:
-        return (err["code"], err["err_code"], err["description"])
-    return ("ok", answer.get("type"))
-
-
-def both(requests: list, *args) -> tuple[list, list, ServerProcess]:
-    """The requests' answers from natsjs and from nats-server (each a fresh server
-    with JetStream in a temporary store); natsjs is left running for the caller."""
-    ref = start_reference("-js", "-sd", args[0] + "-ref", *args[1:])
-    try:
-        expected = run(ask("nats://127.0.0.1:%d" % ref.port, requests))
-    finally:
-        ref.stop()
-    js = start_natsjs("-js", "-sd", args[0], *args[1:])
-    got = run(ask("nats://127.0.0.1:%d" % js.port, requests))
-    return got, expected, js
-
-
-def restarted(server: ServerProcess) -> ServerProcess:
-    """The same natsjs server stopped and started again from its store."""
-    assert server.alive(), server.text()[-3000:]
-    server.stop()
-    again = start_natsjs(*server.args[4:])
-    assert again.alive()
-    return again
 
 
 # ---- finding 1: CR/LF in the fields that reach protocol lines --------------------------
@@ -113,46 +60,6 @@ def test_crlf_in_source_and_mirror_fields_is_refused_as_nats_server_refuses_it(t
         js.stop()
 
 
-def raw_subscriber(port: int, user: str) -> socket.socket:
-    """A client of ``user``'s account on a bare socket, subscribed to everything: it sees
-    every protocol line the server writes to it, forged ones included."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    s.recv(4096)
-    s.sendall(b'CONNECT {"verbose":false,"user":"%s","pass":"%s","headers":true}\r\n'
-              b"SUB > 1\r\nPING\r\n" % (user.encode(), user.encode()))
-    buf = b""
-    while b"PONG\r\n" not in buf:
-        buf += s.recv(4096)
-    return s
-
-
-def frames(data: bytes) -> list[bytes]:
-    """The subjects of the MSG/HMSG frames in ``data``, read as a client reads them
-    (by the sizes in each line); anything that is not a frame fails the test."""
-    subjects = []
-    i = 0
-    while i < len(data):
-        end = data.index(b"\r\n", i)
-        line = data[i:end].split(b" ")
-        i = end + 2
-        if line[0] in (b"PING", b"PONG"):
-            continue
-        assert line[0] in (b"MSG", b"HMSG"), data[i - 200:i + 200]
-        size = int(line[-1])
-        subjects.append(line[1])
-        assert data[i + size:i + size + 2] == b"\r\n"
-        i += size + 2
-    return subjects
-
-
-def read_until_pong(s: socket.socket) -> bytes:
-    s.sendall(b"PING\r\n")
-    buf = b""
-    while not buf.endswith(b"PONG\r\n"):
-        chunk = s.recv(65536)
-        assert chunk, "connection closed"
-        buf += chunk
-    return buf
 
 
 ACCOUNTS = """

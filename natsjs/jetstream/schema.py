@@ -113,7 +113,7 @@ def _number_text(value) -> str:
 
 def _type_error(value, t, where: str) -> DecodeError:
     kind = _json_kind(value)
-    if kind == "number" and (t in _INT_RANGES or t == "float64"):
+    if kind == "number" and isinstance(t, str) and (t in _INT_RANGES or t == "float64"):
         # Only a number that does not fit a numeric field is quoted (encoding/json
         # literalStore); any other field says just "number".
         kind = "number " + _number_text(value)
@@ -207,14 +207,14 @@ def decode_request(body: bytes, t: Struct) -> dict:
         # The common case: one well-formed value (Python's grammar is Go's once the
         # non-standard constants are refused and no encoding is guessed).
         single = loads(body, strict=True)
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     else:
         return _decode_top(single, t, {})
     out: dict = {}
     try:
         for start, end in gojson.values(body):
-            value = loads(body[start:end])
+            value = _loads_deep(body[start:end])
             out = _decode_top(value, t, out)
     except gojson.GoSyntaxError as exc:
         raise DecodeError(str(exc)) from None
@@ -228,12 +228,12 @@ def unmarshal(body: bytes, t: Struct) -> dict:
         # The common case: well-formed (see decode_request); Go's scanner only for the
         # words of an error.
         value = loads(body, strict=True)
-    except ValueError:
+    except (ValueError, RecursionError):
         try:
             gojson.check_valid(body)
         except gojson.GoSyntaxError as exc:
             raise DecodeError(exc.unmarshal_text()) from None
-        value = loads(body)
+        value = _loads_deep(body)
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -252,6 +252,55 @@ def loads(data: bytes, strict: bool = False):
     if b"\\u" in data and _SURROGATE_ESCAPE.search(data):
         value = _without_surrogates(value)
     return value
+
+
+def _loads_deep(data: bytes):
+    """``loads`` of a value Go's scanner has passed, which may nest deeper (up to
+    gojson.MAX_DEPTH, 10,000) than Python's decoder can recurse: the arrays and objects
+    below ``_DEEPEST`` levels are read as empty ones of their kind.  Decoding into a
+    struct then fails where Go's fails (a type mismatch or an unknown field is found
+    at the level where the nesting starts), instead of with a RecursionError."""
+    try:
+        return loads(data)
+    except RecursionError:
+        return loads(bytes(_flattened(data)))
+
+
+_DEEPEST = 200
+
+
+def _flattened(data: bytes) -> bytearray:
+    out = bytearray()
+    depth = 0
+    skipping = 0            # how deep inside an emptied container, 0 when not
+    in_string = escaped = False
+    for c in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == 0x5C:                         # backslash
+                escaped = True
+            elif c == 0x22:
+                in_string = False
+        elif c == 0x22:
+            in_string = True
+        elif c in (0x5B, 0x7B):                     # [ {
+            depth += 1
+            if skipping:
+                skipping += 1
+                continue
+            if depth > _DEEPEST:
+                skipping = 1
+                out += b"[]" if c == 0x5B else b"{}"
+                continue
+        elif c in (0x5D, 0x7D):                     # ] }
+            depth -= 1
+            if skipping:
+                skipping -= 1
+                continue
+        if not skipping:
+            out.append(c)
+    return out
 
 
 # An escape of a high or low surrogate: \uD800-\uDFFF, in either case.
