@@ -378,7 +378,7 @@ class Api:
             try:
                 await trio.to_thread.run_sync(_create_stream_dir, path, cfg, created)
             except OSError as exc:
-                raise ApiError.of("JSStreamCreateErrF", err=str(exc)) from None
+                raise ApiError.of("JSStreamCreateErrF", err=error_text(exc)) from None
         store = open_message_log(os.path.join(path, MSGS) if path else None, cfg)
         stream = Stream(jsa, cfg, created, store, path)
         jsa.streams[cfg["name"]] = stream
@@ -725,7 +725,7 @@ class Api:
         try:
             await trio.to_thread.run_sync(_write_consumer_meta, d, cfg, created)
         except OSError as exc:
-            raise ApiError.of("JSConsumerStoreFailedErrF", err=str(exc)) from None
+            raise ApiError.of("JSConsumerStoreFailedErrF", err=error_text(exc)) from None
 
     async def _partition_unique(self, stream, name: str, filters: list) -> bool:
         """A work-queue consumer's filters collide with no other consumer's (and every
