@@ -280,3 +280,21 @@ def test_a_subscription_wakes_only_the_push_consumers_delivering_to_it(tmp_path,
         assert sum(1 for ci in info["consumers"] if ci.get("push_bound")) == 1
 
     trio.run(serving, server, test)
+
+
+def test_a_stream_that_sources_itself_is_a_cycle_as_nats_server_says(tmp_path):
+    requests = [
+        ("$JS.API.STREAM.CREATE.SELF", {"name": "SELF", "subjects": ["self"],
+                                        "sources": [{"name": "SELF"}]}),
+        ("$JS.API.STREAM.CREATE.X", {"name": "X", "subjects": ["x.>"]}),
+        ("$JS.API.STREAM.CREATE.Y", {"name": "Y", "subjects": ["y.>"],
+                                     "sources": [{"name": "X"}]}),
+        ("$JS.API.STREAM.UPDATE.X", {"name": "X", "subjects": ["x.>"],
+                                     "sources": [{"name": "Y"}]}),
+        ("$JS.API.STREAM.UPDATE.X", {"name": "X", "subjects": ["x.>"],
+                                     "sources": [{"name": "Y", "filter_subject": "z"}]}),
+    ]
+    got, expected, js = both(requests, str(tmp_path / "s"))
+    js.stop()
+    assert [outcome(a) for a in got] == [outcome(a) for a in expected]
+    assert outcome(got[0]) == (500, 10052, "detected cycle")

@@ -276,6 +276,7 @@ def check_stream_config(config: dict, ctx: CheckContext) -> dict:
                if not s.get("external")]
     _check_external_prefixes(cfg, [subj for o in origins if o
                                     for subj in o.get("subjects") or []])
+    _check_cycles(cfg, ctx)
     subjects = cfg["subjects"] or []
     if not subjects:
         if cfg["mirror"] is None and not cfg["sources"]:
@@ -475,6 +476,38 @@ def check_source_filters(cfg: dict) -> None:
         if not src.get("subject_transforms") and f and not valid_subject(f):
             raise ApiError.of("JSStreamCreateErrF",
                               err="subject filter '%s' for the source: invalid subject" % f)
+
+
+def _check_cycles(cfg: dict, ctx: CheckContext) -> None:
+    """server/stream.go checkStreamCfg: following sources and mirrors from this stream
+    must not come back to a stream already seen through a filter that takes its
+    subjects (a stream sourcing itself, or two sourcing each other), nor through a
+    mirror at all."""
+    def overlaps(subjects, flt) -> bool:
+        return not flt or any(subjects_collide(s, flt) for s in subjects or [])
+
+    to_visit = [cfg]
+    visited = set()
+    while to_visit:
+        c = to_visit.pop(0)
+        visited.add(c["name"])
+        for src in c.get("sources") or []:
+            if src.get("external"):
+                continue
+            if src.get("name") in visited:
+                if overlaps(c.get("subjects"), src.get("filter_subject")):
+                    raise _invalid("detected cycle")
+            else:
+                origin = ctx.get_stream(src.get("name"))
+                if origin is not None:
+                    to_visit.append(origin)
+        m = c.get("mirror")
+        if m and not m.get("external"):
+            if m.get("name") in visited:
+                raise _invalid("detected cycle")
+            origin = ctx.get_stream(m.get("name"))
+            if origin is not None:
+                to_visit.append(origin)
 
 
 def _check_external_prefixes(cfg: dict, origin_subjects) -> None:
