@@ -189,6 +189,7 @@ cdef class _Log:
     cdef lose(self, uint64_t seq, Block b, uint64_t off, str reason)
     cdef uint64_t count_range(self, uint64_t seq, uint64_t end, FilterC* f) except? 0
     cdef uint64_t remove_below(self, uint64_t seq) except? 0
+    cdef uint64_t drop_above(self, uint64_t seq) except? 0
     cdef int after_emptied(self) except -1
     cdef object block_content(self, Block b)
     cdef int store_block(self, Block b, bytes content) except -1

@@ -93,6 +93,29 @@ DEFAULT_BLOCK_SIZE = 8 * 1024 * 1024
 MEM_BLOCK_SIZE = 1024 * 1024
 
 
+def replace_file(path, data):
+    """Make ``path`` hold ``data`` so that a crash leaves the old content or the new:
+    a temporary file beside it, fsync, rename over.  When that fails (a full disk) no
+    temporary file is left.  The caller fsyncs the directory."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 # ---- little-endian fields ---------------------------------------------------------
 
 cdef inline uint16_t ld16(const uint8_t* p) noexcept nogil:
@@ -1602,9 +1625,7 @@ cdef class _Log:
 
     def truncate(self, uint64_t seq):
         """Remove every message above seq (Raft log truncation); last_seq becomes seq."""
-        cdef uint64_t s, n = 0
         cdef uint8_t body[8]
-        cdef Block b
         self.check_open()
         self.win_block = None
         if seq >= self.last:
@@ -1616,6 +1637,12 @@ cdef class _Log:
             st64(body, <uint64_t>self.last_ts)
             self.put(K_TRUNC, seq, 0, NULL, 0, NULL, 0, body, 8)
             self.put_block.has_ext = True
+        return self.drop_above(seq)
+
+    cdef uint64_t drop_above(self, uint64_t seq) except? 0:
+        """The index forgets every message above seq (nothing is written)."""
+        cdef uint64_t s, n = 0
+        cdef Block b
         s = self.last
         while s > seq and s >= self.sbase:
             if HAS(self, s) and self.remove_c(s, False, False):
@@ -2397,6 +2424,52 @@ cdef class FileLog(_Log):
         self.outstanding.append(weakref.ref(s))
         return s
 
+    def discard_unsynced(self):
+        """Forget everything no successful Sync has covered, on disk and in the index,
+        after a write or an fsync failed (ENOSPC, EIO): the caller answers those
+        messages with an error, so none of them may be found after a restart either.
+        Each block file is cut back to the bytes known durable (ftruncate needs no free
+        space) and the cut is fsynced; messages above ``synced_seq`` leave the index,
+        and ``last_seq`` goes back to ``synced_seq``.  Removals made since the last Sync
+        stay removed in memory (their tombstones are cut with the rest: as after a
+        crash, a restart may show such a message again).  Returns how many messages
+        were forgotten."""
+        cdef Block b
+        cdef uint64_t keep = self.synced
+        cdef uint64_t n = 0
+        self.check_open()
+        self.win_block = None
+        # No Sync begun before this proves anything any more (and a failed one must
+        # not make reap() write the cut bytes again).
+        self.epoch += 1
+        self.outstanding = []
+        for b in list(self.blocks) + [e[1] for e in self.pending_removals]:
+            b.dirty_listed = False
+            b.needs_sync = False
+            if b.compressed or b.size <= b.synced:
+                continue
+            if b.fd >= 0 or os.path.exists(b.path):
+                self.ensure_fd(b)
+                os.ftruncate(b.fd, b.synced)
+                os.fsync(b.fd)
+            b.size = b.flushed = b.synced
+            b.blen = 0
+            b.bstart = 0
+        self.dirty = []
+        # Erasures rewrite bytes that were already durable: they are written again.
+        for gen, b, off, rec in self.erasures:
+            if not b.removed and off + len(rec) <= b.size:
+                self.write_at(b, rec, off)
+        if keep < self.last:
+            if HAS(self, keep) and SL(self, keep).flags & SLOT_LIVE:
+                self.last_ts = SL(self, keep).ts
+            n = self.drop_above(keep)
+        b = self.active
+        if b is not None and b.size == 0 and not b.removed:
+            # A block opened since the last Sync lost its opening FLOOR record.
+            self.put_floor(self.first if self.msgs else self.last + 1)
+        return n
+
     def mark_synced(self, Sync sync):
         """Record that sync.run() succeeded: synced_seq advances to sync.seq and the
         bytes it covered leave memory.  False if it failed, or if an earlier Sync
@@ -2437,23 +2510,7 @@ cdef class FileLog(_Log):
             st64(head + 16, xxh64_c(<const uint8_t*>PyBytes_AS_STRING(payload),
                                     len(payload), 0))
             data = PyBytes_FromStringAndSize(<char*>head, 24) + payload
-        tmp = b.path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, b.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        replace_file(b.path, data)
         os.fsync(self.dirfd)
         if b.fd >= 0:
             close(b.fd)
