@@ -29,8 +29,9 @@ from natsjs.jetstream.consumer import Consumer, ephemeral_name
 from natsjs.jetstream.errors import ApiError, error_text
 from natsjs.jetstream.jstime import ZERO_TIME, now_ns, rfc3339_nano
 from natsjs.jetstream.schema import DecodeError, Struct, decode_request, is_empty_request
-from natsjs.jetstream.store import (FileConsumerStore, MemConsumerStore, OBS, META,
-                                    MSGS, open_message_log, write_json_atomic)
+from natsjs.jetstream.store import (MemConsumerStore, OBS,
+                                    create_consumer_store, create_stream_store,
+                                    open_message_log, write_meta)
 from natsjs.jetstream.stream import Stream
 from natsjs.jetstream.subjects import any_collide
 
@@ -376,10 +377,11 @@ class Api:
         if cfg["storage"] == "file":
             path = os.path.join(jsa.dir, "streams", cfg["name"])
             try:
-                await trio.to_thread.run_sync(_create_stream_dir, path, cfg, created)
+                store = await trio.to_thread.run_sync(create_stream_store, path, cfg, created)
             except OSError as exc:
                 raise ApiError.of("JSStreamCreateErrF", err=error_text(exc)) from None
-        store = open_message_log(os.path.join(path, MSGS) if path else None, cfg)
+        else:
+            store = open_message_log(None, cfg)
         stream = Stream(jsa, cfg, created, store, path)
         jsa.streams[cfg["name"]] = stream
         self.js.start_stream(stream)
@@ -414,9 +416,7 @@ class Api:
                 raise ApiError.of("JSStreamSubjectOverlapErr")
             jsa.check_new_stream(new, existing=stream)
             if stream.path:
-                await trio.to_thread.run_sync(
-                    write_json_atomic, os.path.join(stream.path, META),
-                    {"config": new, "created": stream.created})
+                await trio.to_thread.run_sync(write_meta, stream.path, new, stream.created)
             stream.config_for_update(new)
         except ApiError as err:
             return self._err(rtype, err)
@@ -708,8 +708,12 @@ class Api:
         created = now_ns()
         if stream.path and not cfg["mem_storage"] and not cfg["direct"]:
             # A direct consumer keeps no state anywhere (server/consumer.go).
-            await self._save_consumer_meta(stream, name, cfg, created)
-            cstore = FileConsumerStore(os.path.join(stream.path, OBS, name), self.js.fsync)
+            try:
+                cstore = await trio.to_thread.run_sync(
+                    create_consumer_store, os.path.join(stream.path, OBS, name), cfg, created,
+                    self.js.fsync)
+            except OSError as exc:
+                raise ApiError.of("JSConsumerStoreFailedErrF", err=error_text(exc)) from None
         else:
             cstore = MemConsumerStore()
         consumer = Consumer(stream, cfg, name, created, cstore)
@@ -909,14 +913,9 @@ def _same_config(a: dict, b: dict) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
-def _create_stream_dir(path: str, cfg: dict, created: int) -> None:
-    os.makedirs(os.path.join(path, MSGS), exist_ok=True)
-    write_json_atomic(os.path.join(path, META), {"config": cfg, "created": created})
-
-
 def _write_consumer_meta(d: str, cfg: dict, created: int) -> None:
     os.makedirs(d, exist_ok=True)
-    write_json_atomic(os.path.join(d, META), {"config": cfg, "created": created})
+    write_meta(d, cfg, created)
 
 
 def _remove_tree(path: str) -> None:

@@ -61,6 +61,7 @@ FC_MAX_BYTES = 32 * 1024 * 1024
 FC_START_BYTES = FC_MAX_BYTES // 16
 # How often state with nothing logged (ack none, deliveries) is written as a snapshot.
 SNAPSHOT_INTERVAL = 1.0
+STATE_RETRY = 1.0            # seconds before a failed state sync is tried again
 
 ACK_ACK = b"+ACK"
 ACK_OK = b"+OK"
@@ -345,7 +346,11 @@ class Consumer:
             except OSError as exc:
                 self.server.log.error("JetStream could not save consumer '%s > %s > %s': %s",
                                       self.stream.jsa.name, self.stream.name, self.name, exc)
-        self.cstore.close()
+        try:
+            self.cstore.close()
+        except OSError as exc:     # a full disk: what was not written is reported, not raised
+            self.server.log.error("JetStream could not close consumer '%s > %s > %s': %s",
+                                  self.stream.jsa.name, self.stream.name, self.name, exc)
         if not from_stream:
             self.stream.consumers.pop(self.name, None)
             if self.stream.cfg["retention"] != "limits":
@@ -1238,6 +1243,14 @@ class Consumer:
             except OSError as exc:
                 self.server.log.error("JetStream consumer '%s > %s > %s' state sync failed: %s",
                                       self.stream.jsa.name, self.stream.name, self.name, exc)
+                # An acknowledgement that is not on disk is not confirmed: the client
+                # hears 503 (its AckSync fails and it may ack again), never silence.
+                for reply in waiters:
+                    self._status(reply, 503, "Consumer State Not Stored")
+                # The acks stay buffered; try again on the next one or a little later,
+                # not in a tight loop against a full disk.
+                with trio.move_on_after(STATE_RETRY):
+                    await self._state_wake.park()
                 continue
             acc = self.stream.jsa.account
             for reply in waiters:

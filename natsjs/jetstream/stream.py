@@ -34,6 +34,7 @@ from natsjs.jetstream.errors import ApiError, error_text
 from natsjs.jetstream.jstime import now_ns, parse_go_duration, rfc3339_nano
 from natsjs.jetstream.markers import SubjectDeleteMarkers, min_ttl
 from natsjs.jetstream.streamcfg import config_json, with_dynamic_metadata
+from natsjs.jetstream.store import write_store_state
 from natsjs.jetstream.subjects import subject_matches, valid_publish_subject
 from natsjs.subject_transform import TransformError, new_transform
 
@@ -242,6 +243,9 @@ class Stream:
         self._scope.cancel()
         try:
             self.store.close()
+            if self.path and self.is_file and self.replica is None and not delete:
+                # How far the stream had come, for a recovery that finds blocks missing.
+                write_store_state(self.path, self.store)
         except OSError as exc:
             self.server.log.error("JetStream error closing stream '%s > %s': %s",
                                   self.jsa.name, self.name, exc)
@@ -414,7 +418,7 @@ class Stream:
             self.write_error = os.strerror(exc.errno) if exc.errno else str(exc)
             self.server.log.error("JetStream failed to store a msg on stream '%s > %s': %s",
                                   self.jsa.name, self.name, exc)
-            self._roll_back(self.synced_seq)
+            self._discard_unsynced()
             if exc.errno == errno.ENOSPC:
                 self.js.out_of_storage(self)
             return False
@@ -423,14 +427,22 @@ class Stream:
         self.write_error = None
         return True
 
-    def _roll_back(self, seq: int) -> None:
-        """Forget every message above ``seq`` (they never became durable)."""
+    def _discard_unsynced(self) -> None:
+        """Forget every message no fsync covered, in memory and on disk: each is
+        answered with an error, so none may be there after a restart (a client that
+        retries would find it twice).  FileLog.discard_unsynced cuts the block files
+        back to their durable length; a TRUNC record would need the space that just
+        ran out."""
         try:
-            self.store.truncate(seq)
-        except Exception as exc:   # pragma: no cover - the store is broken
+            n = self.store.discard_unsynced()
+        except Exception as exc:   # the disk refuses even a truncation
             self.server.log.error("JetStream could not roll back stream '%s > %s': %r",
                                   self.jsa.name, self.name, exc)
-        self.lseq = self.store.last_seq
+        else:
+            if n:
+                self.server.log.warn("JetStream stream '%s > %s': %d messages not stored "
+                                     "(answered with an error)", self.jsa.name, self.name, n)
+        self.lseq = self.synced_seq = self.store.last_seq
         for mid, (seq_, _) in list(self._ddmap.items()):
             if seq_ > self.lseq:
                 del self._ddmap[mid]
