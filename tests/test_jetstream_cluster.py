@@ -1294,3 +1294,34 @@ def test_whole_cluster_restart_answers_once_ready(tmp_path):
             c.stop(i)
         c.start(wait=False)
         run(_documentation_flow(c, "SECOND", 3))
+
+
+def test_a_create_the_meta_leader_holds_again_is_answered_when_it_comes_back():
+    """The meta leader let a held create through (first_answer), then held it once more
+    for want of peers; when it came back it was taken for answered and dropped, so the
+    client heard nothing (test_whole_cluster_restart_answers_once_ready, about one run
+    in two)."""
+    import types
+
+    import trio
+
+    from natsjs.jetstream.cluster import JetStreamCluster
+
+    async def main():
+        cl = object.__new__(JetStreamCluster)
+        cl._held_replies, cl._answered = {}, {}
+        cl.server = types.SimpleNamespace(shutting_down=False)
+        parked = []
+        api = types.SimpleNamespace(received=trio.current_time(),
+                                    park=lambda rep, until=None: parked.append(rep))
+        async with trio.open_nursery() as nursery:
+            cl._nursery = nursery
+            cl.held = object()
+            reply = b"_INBOX.x"
+            assert cl.hold(api, reply)                   # no leader yet: held
+            assert cl.first_answer(reply, None)          # back: let through ...
+            assert cl.hold(api, reply)                   # ... and held again (no peers)
+            assert cl.first_answer(reply, None)          # back again: answered now
+            assert not cl.first_answer(reply, b"NATS/1.0\r\nNatsjs-Held: 1\r\n\r\n")
+            nursery.cancel_scope.cancel()
+    trio.run(main)

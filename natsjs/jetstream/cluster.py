@@ -839,6 +839,9 @@ class JetStreamCluster:
             for r in [r for r, t in held.items() if t < now]:
                 del held[r]
         held[reply] = until
+        # Not answered yet after all: when it comes back it is answered (first_answer
+        # took it for answered as it was let through, before this hold).
+        self._answered.pop(reply, None)
         # Never forgotten while parked: dispatched again at the latest at ``until``,
         # when it is answered whatever the meta group's state.
         api.park(self.held, until=math.inf)
