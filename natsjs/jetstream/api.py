@@ -14,7 +14,6 @@ nats-server.
 from __future__ import annotations
 
 import collections
-import itertools
 import json
 import os
 
@@ -657,8 +656,9 @@ class Api:
                     cmp["metadata"] = md
                     if cmp != ocfg:
                         raise ApiError.of("JSConsumerAlreadyExists")
-                if scfg["retention"] == "workqueue" and \
-                        not await self._partition_unique(stream, name, CC.filters_of(cfg)):
+                if scfg["retention"] == "workqueue" and not await self.off_loop(
+                        CC.partition_unique, CC.filters_of(cfg),
+                        self._other_filters(stream, name)):
                     raise ApiError.of("JSConsumerWQConsumerNotUniqueErr")
                 CC.check_update(existing.cfg, cfg, lambda subj: bool(
                     jsa.account.sublist.match(subj.encode()).psubs))
@@ -674,26 +674,7 @@ class Api:
                 return existing
         if action == "update":
             raise ApiError.of("JSConsumerDoesNotExist")
-        maxc = scfg["max_consumers"]
-        acc_max = jsa.limits.max_consumers
-        if maxc <= 0 or (acc_max > 0 and acc_max < maxc):
-            maxc = acc_max
-        # Consumers of mirrors and sources do not count (server/stream.go
-        # numLimitableConsumers).
-        # Counted only under a limit: a create must not cost the number of consumers.
-        if maxc > 0 and sum(1 for c in stream.consumers.values() if not c.internal) >= maxc:
-            raise ApiError.of("JSMaximumConsumersLimitErr")
-        if scfg["retention"] == "workqueue" and not cfg["direct"] and not cfg["sourcing"]:
-            if cfg["ack_policy"] not in ("explicit", "flow_control"):
-                raise ApiError.of("JSConsumerWQRequiresExplicitAckErr")
-            if cfg["deliver_policy"] != "all":
-                raise ApiError.of("JSConsumerWQConsumerNotDeliverAllErr")
-            if any(not c.internal for c in stream.consumers.values()):
-                filters = CC.filters_of(cfg)
-                if not filters:
-                    raise ApiError.of("JSConsumerWQMultipleUnfilteredErr")
-                if not await self._partition_unique(stream, name, filters):
-                    raise ApiError.of("JSConsumerWQConsumerNotUniqueErr")
+        CC.check_new_consumer(scfg, jsa.limits, cfg, lambda: self._other_filters(stream, name))
         if not name:
             # A made-up name is the consumer's, not its config's (server/consumer.go:
             # an ephemeral's config keeps no name on a single server).
@@ -731,16 +712,11 @@ class Api:
         except OSError as exc:
             raise ApiError.of("JSConsumerStoreFailedErrF", err=error_text(exc)) from None
 
-    async def _partition_unique(self, stream, name: str, filters: list) -> bool:
-        """A work-queue consumer's filters collide with no other consumer's (and every
-        other has filters): server/stream.go partitionUnique."""
-        if not filters:
-            return True
-        others = [c.filters for cname, c in stream.consumers.items()
-                  if cname != name and not c.internal]
-        if any(not f for f in others):
-            return False
-        return not await self.off_loop(any_collide, filters, itertools.chain(*others))
+    @staticmethod
+    def _other_filters(stream, name: str) -> list:
+        """The filter lists of ``stream``'s limitable consumers other than ``name``."""
+        return [c.filters for cname, c in stream.consumers.items()
+                if cname != name and not c.internal]
 
     def _consumer(self, jsa, stream_name: str, name: str):
         stream = self._stream(jsa, stream_name)

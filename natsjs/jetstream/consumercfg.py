@@ -8,6 +8,7 @@ checkNewConsumerConfig, and ``config_json`` drops the ``omitempty`` fields.
 from __future__ import annotations
 
 import copy
+import itertools
 import re
 
 from natsjs.jetstream.errors import ApiError
@@ -18,8 +19,8 @@ from natsjs.jetstream.streamcfg import (MAX_DESCRIPTION_LEN, MAX_METADATA_LEN, M
                                        NS, go_duration, valid_asset_name,
                                        with_dynamic_metadata)
 from natsjs.jetstream.streamcfg import set_static_metadata as _set_static_metadata
-from natsjs.jetstream.subjects import (filters_overlap, is_literal, subjects_collide,
-                                       subset_match, valid_subject)
+from natsjs.jetstream.subjects import (any_collide, filters_overlap, is_literal,
+                                       subjects_collide, subset_match, valid_subject)
 
 MS = 1_000_000
 DEFAULT_ACK_WAIT = 30 * NS                # server/consumer.go JsAckWaitDefault
@@ -111,6 +112,44 @@ def config_json(cfg: dict) -> dict:
 
 def is_durable(cfg: dict) -> bool:
     return bool(cfg.get("durable_name"))
+
+
+def partition_unique(filters: list[str], others: list) -> bool:
+    """server/stream.go partitionUnique: a work-queue consumer's ``filters`` collide
+    with none of ``others`` (the filter lists of the stream's other consumers), and
+    each of those has filters."""
+    if not filters:
+        return True
+    if any(not f for f in others):
+        return False
+    return not any_collide(filters, itertools.chain(*others))
+
+
+def check_new_consumer(scfg: dict, account_limits, cfg: dict, others) -> None:
+    """The rules a new consumer meets beyond its own configuration
+    (server/consumer.go addConsumerWithAssignment): the stream's and the account's
+    max_consumers, a work queue's policies and partitions.  ``others()``: the filter
+    lists of the stream's other limitable consumers (those of mirrors and sources do
+    not count, server/stream.go numLimitableConsumers), asked for only when a limit or
+    a work queue needs them, so that a create does not cost the number of consumers."""
+    maxc = scfg["max_consumers"]
+    acc_max = account_limits.max_consumers
+    if maxc <= 0 or (acc_max > 0 and acc_max < maxc):
+        maxc = acc_max
+    if maxc > 0 and len(others()) >= maxc:
+        raise ApiError.of("JSMaximumConsumersLimitErr")
+    if scfg["retention"] == "workqueue" and not cfg["direct"] and not cfg["sourcing"]:
+        if cfg["ack_policy"] not in ("explicit", "flow_control"):
+            raise ApiError.of("JSConsumerWQRequiresExplicitAckErr")
+        if cfg["deliver_policy"] != "all":
+            raise ApiError.of("JSConsumerWQConsumerNotDeliverAllErr")
+        theirs = others()
+        if theirs:
+            filters = filters_of(cfg)
+            if not filters:
+                raise ApiError.of("JSConsumerWQMultipleUnfilteredErr")
+            if not partition_unique(filters, theirs):
+                raise ApiError.of("JSConsumerWQConsumerNotUniqueErr")
 
 
 def filters_of(cfg: dict) -> list[str]:

@@ -342,37 +342,11 @@ class _ArchiveChecks:
                               err="consumer name can not contain '.', '*', '>', '\\', '/'")
         if name_too_long(name):
             raise ApiError.of("JSConsumerNameTooLongErrF", max=SC.MAX_NAME_LEN)
-        new_consumer_rules(scfg, jsa.limits, cfg, self.filters)
+        CC.check_new_consumer(scfg, jsa.limits, cfg, lambda: self.filters)
         if not cfg["durable_name"] and cfg["inactive_threshold"] == 0:
             cfg["inactive_threshold"] = CC.DEFAULT_DELETE_WAIT
         self.filters.append(CC.filters_of(cfg))
         return {"name": name, "config": cfg, "created": created, "state": _state(state)}
-
-
-def new_consumer_rules(scfg: dict, account_limits, cfg: dict, others: list) -> None:
-    """The rules a new consumer meets beyond its own configuration (api.add_consumer,
-    server/consumer.go addConsumerWithAssignment): the stream's and the account's
-    max_consumers, a work queue's policies and partitions.  ``others``: the filter
-    lists of the stream's other limitable consumers."""
-    maxc = scfg["max_consumers"]
-    acc_max = account_limits.max_consumers
-    if maxc <= 0 or (acc_max > 0 and acc_max < maxc):
-        maxc = acc_max
-    if maxc > 0 and len(others) >= maxc:
-        raise ApiError.of("JSMaximumConsumersLimitErr")
-    if scfg["retention"] == "workqueue" and not cfg["sourcing"]:
-        if cfg["ack_policy"] not in ("explicit", "flow_control"):
-            raise ApiError.of("JSConsumerWQRequiresExplicitAckErr")
-        if cfg["deliver_policy"] != "all":
-            raise ApiError.of("JSConsumerWQConsumerNotDeliverAllErr")
-        if others:
-            filters = CC.filters_of(cfg)
-            if not filters:
-                raise ApiError.of("JSConsumerWQMultipleUnfilteredErr")
-            for theirs in others:
-                if not theirs or any(SC.subjects_collide(a, b)
-                                     for a in filters for b in theirs):
-                    raise ApiError.of("JSConsumerWQConsumerNotUniqueErr")
 
 
 def _int(v):
