@@ -27,10 +27,11 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from natsjs._core.fanout import ClientCore
+from natsjs._core.fanout import UNDELIVERED, ClientCore, WithProducer
 from natsjs._core.interest import count_interest
 from natsjs._core.sublist import Sublist, Subscription
 from natsjs.auth import AuthConfigError, User, parse_users
+from natsjs.clientinfo import request_info_value, with_request_info
 
 GLOBAL_ACCOUNT = "$G"
 DEFAULT_SYSTEM_ACCOUNT = "$SYS"
@@ -42,11 +43,25 @@ MAX_IMPORT_HOPS = 64
 # Service-import responses waiting for their answer; past this the oldest are
 # forgotten, so requests that are never answered cannot grow memory without bound.
 MAX_PENDING_RESPONSES = 100_000
+# The JetStream API: exported by the system account, where the servers' API handlers
+# listen, and imported by every account that may use JetStream (server/jetstream.go
+# setupJetStreamExports, enableAllJetStreamServiceImportsAndMappings).
+JS_API_ALL = b"$JS.API.>"
+# Requests the import does not carry: a consumer answers its pull requests and a stream
+# its direct gets through their own subscriptions in the account (server/client.go
+# processServiceImport skips these for the JetStream import).
+JS_NOT_IMPORTED = (b"$JS.API.CONSUMER.MSG.NEXT.", b"$JS.API.DIRECT.GET.")
 _BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
+# Each random byte to one of the 62 characters: the 8 characters that 248..255 also
+# give are 5/4 as likely as the others, leaving 5.95 bits a character (71 bits for a
+# reply token), at a tenth of the cost of drawing each with secrets.choice.
+_TO_BASE62 = bytes(ord(_BASE62[b % 62]) for b in range(256))
+
+
 def _random_token(n: int) -> bytes:
-    return "".join(secrets.choice(_BASE62) for _ in range(n)).encode()
+    return secrets.token_bytes(n).translate(_TO_BASE62)
 
 
 @dataclass(frozen=True)
@@ -395,6 +410,31 @@ class Account:
         # keeps service-import subscriptions from the routes (addServiceImportSub).
         server.subscribe_internal(dst, imp.to.encode(), request, owner, route=False)
 
+    def wire_jetstream_import(self, server, owner) -> None:
+        """Import ``$JS.API.>`` from the system account, sharing who asks: the request
+        goes on in the system account with a ``Nats-Request-Info`` header naming this
+        account and a reply that leads back here.  Like every service import it is kept
+        from the routes: each server imports its own clients' requests, and a request
+        that arrived over a route was imported by the server it entered (a route's
+        copy is no responder).  A request the system account has no interest in (no
+        JetStream server in reach) is no responder either, so the requester hears
+        "no responders", as from nats-server."""
+        dst = self
+        sys_acc = server.system_account
+        sys_acc.ensure_response_sub(server, owner)
+
+        def request(client, sub, subject, reply, hdr, msg):
+            if (client is not None and client.kind == "Router") or \
+                    subject.startswith(JS_NOT_IMPORTED):
+                return UNDELIVERED
+            r = sys_acc.sublist.match(subject)
+            if not r.psubs and not r.qsubs:
+                return UNDELIVERED
+            hdr, msg = with_request_info(hdr, msg, request_info_value(client, dst.name, server))
+            new_reply = sys_acc.map_reply(dst, reply, "singleton") if reply else None
+            server.deliver(sys_acc, subject, new_reply, msg, hdr)
+        server.subscribe_internal(dst, JS_API_ALL, WithProducer(request), owner, route=False)
+
     def reset_imports(self) -> None:
         """Forget the wiring of imports (a reload wires them again)."""
         self._resp_sub = None
@@ -452,3 +492,25 @@ class Imports:
             acc.reset_imports()
         for acc in list(server.accounts.values()):
             acc.wire_imports(server, server.accounts, self)
+        for acc in jetstream_importers(server):
+            acc.wire_jetstream_import(server, self)
+
+
+def jetstream_importers(server) -> list[Account]:
+    """The accounts that import the JetStream API from the system account.
+
+    On a server with JetStream, every account but the system account: one without
+    JetStream is told so by the API.  On a server without it in a cluster (JetStream
+    and plain servers mixed), the accounts configured with JetStream, or the global
+    account when it is the only one, so that this server carries their requests to
+    the JetStream servers (server/server.go Start, "simple mixed mode")."""
+    sys_acc = server.system_account
+    others = [acc for acc in server.accounts.values() if acc is not sys_acc]
+    if server.jetstream is not None:
+        return others
+    if server.opts.cluster is None:
+        return []
+    with_js = [acc for acc in others if acc.config.jetstream is not None]
+    if not with_js and [acc.name for acc in others] == [GLOBAL_ACCOUNT]:
+        return others
+    return with_js

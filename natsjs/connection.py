@@ -104,6 +104,9 @@ class Connection:
         self.write_blocked = False
         self.pings_out = 0
         self.rtt = 0.0
+        # Its ClientInfo as requests through a sharing service import carry it
+        # (natsjs/clientinfo.py request_info_value): (key, JSON) once made.
+        self.request_info = None
         self._ping_at = 0.0
         self.ping_slot = 0                # the Pinger's, for a client
         # The write loop waits on _wake; producers wait on _drained for it to catch up

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import os
 
+import nats
 import pytest
 
-from conftest import start_natsjs
+from conftest import start_natsjs, start_reference
 from hostile import ask, both, frames, outcome, raw_subscriber, read_until_pong, restarted, run
 from jscluster import JSCluster
 
@@ -298,3 +299,34 @@ def test_a_stream_that_sources_itself_is_a_cycle_as_nats_server_says(tmp_path):
     js.stop()
     assert [outcome(a) for a in got] == [outcome(a) for a in expected]
     assert outcome(got[0]) == (500, 10052, "detected cycle")
+
+
+@pytest.mark.parametrize("start", [start_natsjs, start_reference], ids=["natsjs", "reference"])
+def test_a_forged_request_info_header_does_not_act_for_another_account(tmp_path, start):
+    """The JetStream import names the requesting account in ``Nats-Request-Info``; a
+    client that writes that header itself, naming another account, has it replaced:
+    B's request creates B's stream, and A sees none (as with nats-server)."""
+    conf = tmp_path / "s.conf"
+    conf.write_text("jetstream { store_dir: %s }\naccounts {%s}\n"
+                    % (json.dumps(str(tmp_path / "js")), ACCOUNTS))
+    server = start("-c", str(conf))
+    try:
+        url = "nats://127.0.0.1:%d" % server.port
+
+        async def create():
+            nc = await nats.connect(url, user="b", password="b")
+            try:
+                msg = await nc.request("$JS.API.STREAM.CREATE.F", json.dumps(
+                    {"name": "F", "subjects": ["f"]}).encode(), timeout=5,
+                    headers={"Nats-Request-Info": '{"acc":"A","svc":"A"}'})
+                return json.loads(msg.data)
+            finally:
+                await nc.close()
+        created = run(create())
+        assert "error" not in created, created
+        in_a = run(ask(url, [("$JS.API.STREAM.NAMES", b"")], user="a"))
+        in_b = run(ask(url, [("$JS.API.STREAM.NAMES", b"")], user="b"))
+        assert in_a[0]["streams"] is None, in_a
+        assert in_b[0]["streams"] == ["F"], in_b
+    finally:
+        server.stop()

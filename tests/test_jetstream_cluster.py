@@ -283,30 +283,36 @@ def test_a_publish_right_after_a_step_down_hears_no_responders_not_silence(clust
 
 def test_a_fetch_right_after_a_consumer_step_down_hears_no_responders_not_silence(cluster3):
     """As for a stream: the consumer's old leader drops its pull-request interest as it
-    starts handing over, and the client's server answers "no responders" though every
-    JetStream server routes its API's interest (``$JS.API.>``, which passes pull requests
-    on), as nats-server answers; the retry reaches the new leader.  Before, the fetch
-    waited out its whole expiry."""
+    starts handing over, and the client's server answers "no responders" (the API's
+    import does not carry pull requests), as nats-server answers; the retry reaches the
+    new leader.  Before, the fetch waited out its whole expiry."""
     async def main():
         nc, js = await connect(cluster3, 0)
         await js.add_stream(name="S", subjects=["s.>"], num_replicas=3)
         for i in range(10):
             await js.publish("s.%d" % (i % 3), b"x")
-        psub = await js.pull_subscribe("s.>", durable="C")
-        for m in await psub.fetch(2, timeout=TIMEOUT):
-            await m.ack_sync()
-        for round_ in range(3):
-            old = (await js.consumer_info("S", "C")).cluster.leader
-            resp = await nc.request("$JS.API.CONSUMER.LEADER.STEPDOWN.S.C", b"",
-                                    timeout=TIMEOUT)
-            assert json.loads(resp.data).get("success") is True
-            msgs = await answered(lambda: psub.fetch(1, timeout=3),
-                                  nats.js.errors.ServiceUnavailableError)   # status 503
-            assert msgs[0].metadata.sequence.stream == 3 + round_
-            await msgs[0].ack_sync()
-            assert (await js.consumer_info("S", "C")).cluster.leader != old
+        await _fetch_across_consumer_step_downs(nc, js)
         await nc.close()
     run(main())
+
+
+async def _fetch_across_consumer_step_downs(nc, js) -> None:
+    """On stream S (10 messages on s.>): a durable pull consumer C, and three rounds of
+    a leader step-down, each followed at once by a fetch that hears "no responders"
+    (503, asked again) until the new leader answers it -- never silence."""
+    psub = await js.pull_subscribe("s.>", durable="C")
+    for m in await psub.fetch(2, timeout=TIMEOUT):
+        await m.ack_sync()
+    for round_ in range(3):
+        old = (await js.consumer_info("S", "C")).cluster.leader
+        resp = await nc.request("$JS.API.CONSUMER.LEADER.STEPDOWN.S.C", b"",
+                                timeout=TIMEOUT)
+        assert json.loads(resp.data).get("success") is True
+        msgs = await answered(lambda: psub.fetch(1, timeout=3),
+                              nats.js.errors.ServiceUnavailableError)   # status 503
+        assert msgs[0].metadata.sequence.stream == 3 + round_
+        await msgs[0].ack_sync()
+        assert (await js.consumer_info("S", "C")).cluster.leader != old
 
 
 def test_a_fetch_from_a_consumer_nobody_serves_hears_no_responders(cluster3):
@@ -916,22 +922,32 @@ async def _stream_info_led_by(js, name: str, leaders):
     return si if si.cluster and si.cluster.leader in leaders else None
 
 
+def _mixed_cluster(tmp_path, plain: str) -> JSCluster:
+    """Three natsjs JetStream servers and a fourth without JetStream: natsjs, or
+    nats-server (``plain == "reference"``)."""
+    return JSCluster(tmp_path, 4, js_nodes={0, 1, 2},
+                     reference_nodes={3} if plain == "reference" else ()).start()
+
+
+async def _created_through_plain(js, **cfg):
+    """An R3 stream created through the plain server, once its routes have formed."""
+    async def created():
+        try:
+            return await js.add_stream(num_replicas=3, **cfg)
+        except Exception:       # the plain server's routes may still be forming
+            return None
+    return await until(created, timeout=30)
+
+
 @pytest.mark.parametrize("plain", ["natsjs", "reference"])
 def test_plain_server_in_the_cluster_serves_jetstream_clients(tmp_path, plain):
     """JetStream and plain servers mixed, as the documentation allows: three natsjs
     JetStream servers and a fourth without JetStream (natsjs, or nats-server); a client
     of the plain server uses replicated streams and consumers through it."""
-    with JSCluster(tmp_path, 4, js_nodes={0, 1, 2},
-                   reference_nodes={3} if plain == "reference" else ()).start() as c:
+    with _mixed_cluster(tmp_path, plain) as c:
         async def main():
             nc, js = await connect(c, 3)
-
-            async def created():
-                try:
-                    return await js.add_stream(name="M", subjects=["m.>"], num_replicas=3)
-                except Exception:       # the plain server's routes may still be forming
-                    return None
-            si = await until(created, timeout=30)
+            si = await _created_through_plain(js, name="M", subjects=["m.>"])
             assert si.config.num_replicas == 3
             for i in range(50):
                 assert (await js.publish("m.%d" % (i % 5), b"%d" % i)).seq == i + 1
@@ -964,6 +980,30 @@ def test_plain_server_in_the_cluster_serves_jetstream_clients(tmp_path, plain):
         while (meta := c.http(0, "/jsz")["meta_cluster"]).get("cluster_size") != 3:
             assert time.monotonic() < deadline, meta
             time.sleep(0.1)
+
+
+@pytest.mark.parametrize("plain", ["natsjs", "reference"])
+def test_pull_requests_through_a_plain_server_hear_no_responders(tmp_path, plain):
+    """The API is a service import from the system account, as in nats-server: no
+    server routes an account's interest in ``$JS.API.>``, so a plain server (natsjs,
+    or nats-server, which knows no natsjs rule) sees only a consumer's own interest in
+    its pull requests.  A client there gets "no responders" for a pull request nobody
+    serves, and right after a consumer step-down, instead of silence until the
+    request expires (what it got while natsjs routed ``APP $JS.API.>``)."""
+    with _mixed_cluster(tmp_path, plain) as c:
+        async def main():
+            nc, js = await connect(c, 3)
+            await _created_through_plain(js, name="S", subjects=["s.>"])
+            for i in range(10):
+                await js.publish("s.%d" % (i % 3), b"x")
+            t0 = time.monotonic()
+            with pytest.raises(nats.errors.NoRespondersError):
+                await nc.request("$JS.API.CONSUMER.MSG.NEXT.S.NOPE", b'{"batch":1}',
+                                 timeout=5)
+            assert time.monotonic() - t0 < 2
+            await _fetch_across_consumer_step_downs(nc, js)
+            await nc.close()
+        run(main())
 
 
 def test_nats_server_jetstream_peer_is_reported_not_joined(tmp_path):

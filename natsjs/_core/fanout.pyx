@@ -150,27 +150,6 @@ cdef inline bint _reserved_reply(const unsigned char* p, Py_ssize_t n) noexcept 
         or _has_prefix(p, n, b"_GR_.", 5)
 
 
-# Every JetStream server of a natsjs cluster routes its API's interest, ``$JS.API.>``, so
-# that requests reach the meta leader; a pull request (and a direct get) is answered by
-# a consumer's (or stream's) own subscription instead, which the API passes on
-# (UNDELIVERED).  A route whose only matching interest is that wildcard is so no
-# responder for them (nats-server's JetStream API is a service import, never routed).
-cdef bytes JS_API_ALL = b"$JS.API.>"
-
-
-cdef bint _only_the_api_listens(SublistResult r, const unsigned char* p, Py_ssize_t n):
-    """A pull request or a direct get whose only interest on other servers is their
-    API's wildcard: no server there will answer it."""
-    cdef Subscription sub
-    if not (_has_prefix(p, n, b"$JS.API.CONSUMER.MSG.NEXT.", 26) or
-            _has_prefix(p, n, b"$JS.API.DIRECT.GET.", 19)) or r.qsubs:
-        return False
-    for sub in r.psubs:
-        if sub.callback is None and (<Conn>sub.client).is_route and sub.subject != JS_API_ALL:
-            return False
-    return True
-
-
 # A connection's pending output: appended at the back (``reserve``), written from the
 # front (``consume``).  With CPython's own resizing, each append that met the end of the
 # allocation while written bytes lay in front copied everything pending into a new
@@ -663,9 +642,7 @@ cdef class ClientCore(Conn):
         for group in r.qsubs:
             delivered += self.deliver_to_group(group, msg, self.to_routes)
         if self.rtargets:
-            if delivered or self.pa.reply == NULL or not self.no_responders or \
-                    not _only_the_api_listens(r, self.pa.subject, self.pa.subject_len):
-                delivered += len(self.rtargets)
+            delivered += len(self.rtargets)
             self.send_to_routes(msg)
         if delivered == 0 and self.pa.reply != NULL and self.no_responders:
             self.no_responders_reply()

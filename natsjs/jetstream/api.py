@@ -1,15 +1,19 @@
 """The JetStream API: ``$JS.API.>`` requests in, JSON replies out.
 
-Requests arrive through an internal subscription on ``$JS.API.>`` in each account
-with JetStream (inside the requester's fan-out, so nothing waits there): they are
-queued, and one worker task answers them in order, which may wait for disk (creating
+Requests arrive as nats-server's do: every account imports ``$JS.API.>`` from the
+system account (natsjs/accounts.py wire_jetstream_import), where the API listens; the
+import names the requesting account in a ``Nats-Request-Info`` header and gives the
+request a reply that leads back to the requester.  The API's handler runs inside the
+requester's fan-out, so nothing waits there: requests are queued, and one worker task
+answers them in order, which may wait for disk (creating
 a stream writes and fsyncs its metadata).  Replies are shaped like nats-server's
 (server/jetstream_api.go): ``type``, the response body, and on failure ``error``
 with ``code``, ``err_code`` and ``description``.
 
 Pull requests (``CONSUMER.MSG.NEXT``) and direct gets (``DIRECT.GET``) are not API
-calls here: the consumer and the stream subscribe to those subjects themselves, as in
-nats-server.
+calls here: the consumer and the stream subscribe to those subjects in the account
+themselves, and the import does not carry them, as in nats-server; with neither
+listening, the requester hears "no responders".
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ import os
 import trio
 
 from natsjs._core.fanout import UNDELIVERED, WithProducer
+from natsjs.accounts import JS_NOT_IMPORTED
+from natsjs.clientinfo import request_info, service_account
 from natsjs.jetstream import consumercfg as CC
 from natsjs.jetstream import headers as H
 from natsjs.jetstream import snapshot, sourcing
@@ -84,53 +90,52 @@ class Api:
     # ---- subscriptions and the worker ------------------------------------------------------
 
     def install(self) -> None:
-        server = self.server
-        enabled = self.js.accounts
-        for name, acc in server.accounts.items():
-            if name in enabled:
-                jsa = enabled[name]
-                jsa.api_sub = self.js.subscribe(acc, b"$JS.API.>",
-                                                WithProducer(self._make_handler(jsa)))
-            else:
-                self.js.subscribe(acc, b"$JS.API.>", self._not_enabled_in(acc), route=False)
-
-    def _make_handler(self, jsa):
-        def on_request(client, sub, subject, reply, hdr, msg):
-            if subject.startswith(b"$JS.API.CONSUMER.MSG.NEXT.") or \
-                    subject.startswith(b"$JS.API.DIRECT.GET"):
-                # Answered by the consumer or the stream itself; when neither listens
-                # the requester hears "no responders" (server/client.go
-                # processServiceImport skips these for the JetStream import).
-                return UNDELIVERED
-            if len(self._queue) >= self.js.opts.request_queue_limit:
-                self.server.log.warn("JetStream API queue limit reached, dropping %d requests",
-                                     len(self._queue))
-                self._queue.clear()
-            if not self._queue:
-                self._wake.unpark()
-            self._queue.append((jsa, subject, reply, hdr, msg, client,
-                                trio.current_time()))
-        return on_request
+        """The API listens in the system account (its interest routed, so that every
+        JetStream server of a cluster receives each request); accounts reach it through
+        their import of ``$JS.API.>`` (natsjs/accounts.py wire_jetstream_import), which
+        names the requesting account in the request's ``Nats-Request-Info`` header."""
+        self.js.subscribe(self.server.system_account, b"$JS.API.>",
+                          WithProducer(self._on_request))
 
     # What the system account administers itself (the meta group, servers, accounts):
-    # answered by the cluster, or by nobody on a server without one, as nats-server does.
+    # answered by the cluster's own subscriptions, or by nobody on a server without
+    # one, as nats-server's apiDispatch leaves them.
     _SYSTEM_API = (b"$JS.API.META.", b"$JS.API.SERVER.", b"$JS.API.ACCOUNT.")
 
-    def _not_enabled_in(self, account):
-        """Every API request of an account without JetStream (the system account's
-        included) is told so, as nats-server answers it (503, 10039)."""
-        def on_request(sub, subject, reply, hdr, msg):
-            if not reply or subject.startswith(b"$JS.API.CONSUMER.MSG.NEXT.") or \
-                    subject.startswith(b"$JS.API.DIRECT.GET."):
-                return
-            if account.is_system and subject.startswith(self._SYSTEM_API):
-                return
-            rtype = "account_info_response" if subject == b"$JS.API.INFO" \
-                else "system_response"
-            err = ApiError.of("JSNotEnabledForAccountErr").to_dict()
-            self.server.deliver(account, reply, None, go_json({"type": T + rtype,
-                                                               "error": err}))
-        return on_request
+    def _on_request(self, client, sub, subject, reply, hdr, msg):
+        if subject.startswith(JS_NOT_IMPORTED):
+            # A pull request or a direct get made in the system account: answered by a
+            # consumer or a stream, never by the API.
+            return UNDELIVERED
+        info = request_info(msg[:hdr] if hdr is not None and hdr > 0 else None)
+        if subject.startswith(self._SYSTEM_API):
+            return
+        if info is None:
+            # The system account's own request (server/jetstream_api.go apiDispatch):
+            # it has no JetStream, and only the server it entered says so.
+            if reply and client is not None and client.kind == "Client":
+                self._not_enabled(subject, reply)
+            return
+        name = service_account(info)
+        jsa = self.js.accounts.get(name)
+        if jsa is None:
+            if reply and name in self.server.accounts:
+                self._not_enabled(subject, reply)
+            return
+        if len(self._queue) >= self.js.opts.request_queue_limit:
+            self.server.log.warn("JetStream API queue limit reached, dropping %d requests",
+                                 len(self._queue))
+            self._queue.clear()
+        if not self._queue:
+            self._wake.unpark()
+        self._queue.append((jsa, subject, reply, hdr, msg, info, trio.current_time()))
+
+    def _not_enabled(self, subject: bytes, reply: bytes) -> None:
+        """An account without JetStream is told so, as nats-server answers (503, 10039)."""
+        rtype = "account_info_response" if subject == b"$JS.API.INFO" else "system_response"
+        err = ApiError.of("JSNotEnabledForAccountErr").to_dict()
+        self.server.deliver(self.server.system_account, reply, None,
+                            go_json({"type": T + rtype, "error": err}))
 
     # ---- requests waiting for a replicated stream's or consumer's leader -----------------
 
@@ -162,7 +167,7 @@ class Api:
                 continue
             item = self._queue.popleft()
             self._current = item
-            jsa, subject, reply, hdr, msg, client, self.received = item
+            jsa, subject, reply, hdr, msg, info, self.received = item
             body = msg[hdr:] if hdr is not None and hdr > 0 else msg
             h = msg[:hdr] if hdr is not None and hdr > 0 else None
             try:
@@ -189,10 +194,10 @@ class Api:
             data = go_json(resp)
             if reply:
                 self._send(jsa, reply, data, headers=headers)
-            self._audit(jsa, subj, body, data, client)
+            self._audit(jsa, subj, body, data, info)
             await trio.lowlevel.checkpoint()
 
-    def _audit(self, jsa, subject: str, body: bytes, response: bytes, client) -> None:
+    def _audit(self, jsa, subject: str, body: bytes, response: bytes, info: dict) -> None:
         """server/jetstream_api.go sendJetStreamAPIAuditAdvisory: every answered request,
         with who asked, the request and the response as text."""
         adv = "$JS.EVENT.ADVISORY.API"
@@ -200,7 +205,7 @@ class Api:
         if not acc.sublist.match(adv.encode()).psubs and \
                 not acc.sublist.match(adv.encode()).qsubs:
             return
-        ev = {"server": self.server.name, "client": requester_info(client, jsa),
+        ev = {"server": self.server.name, "client": for_advisory(info),
               "subject": subject}
         if body:
             ev["request"] = body.decode("utf-8", "replace")
@@ -208,11 +213,14 @@ class Api:
         self.js.advisory(adv, "io.nats.jetstream.advisory.v1.api_audit", ev, acc)
 
     def _send(self, jsa, reply: bytes, resp, headers: bytes | None = None) -> None:
+        """Answer a request: in the system account, where it was asked (its reply
+        leads back to the requester through the account's import)."""
         data = resp if isinstance(resp, bytes) else go_json(resp)
+        sys_acc = self.server.system_account
         if headers:
-            self.server.deliver(jsa.account, reply, None, headers + data, len(headers))
+            self.server.deliver(sys_acc, reply, None, headers + data, len(headers))
         else:
-            self.server.deliver(jsa.account, reply, None, data)
+            self.server.deliver(sys_acc, reply, None, data)
 
     # ---- dispatch --------------------------------------------------------------------------
 
@@ -832,37 +840,10 @@ def go_json(obj) -> bytes:
     return data
 
 
-def requester_info(client, jsa) -> dict | None:
-    """server/events.go ClientInfo of the connection that made a request, as advisories
-    carry it (forAdvisory: no JWT, no alternates); for a request that came from
-    elsewhere (a route, server code), what is known here."""
-    from natsjs.jetstream.snapshot import client_info
-    if client is None or getattr(client, "kind", "") != "Client":
-        return client_info(jsa)
-    server = jsa.js.server
-    # The connection's start is kept on trio's clock: shift it to the wall clock.
-    started = now_ns() - int((trio.current_time() - client.start) * 1e9)
-    out = {"start": rfc3339_nano(started), "host": client.host}
-    out["id"] = client.cid
-    out["acc"] = client.account.name
-    user = client.user
-    uname = (getattr(user, "username", "") or getattr(user, "nkey", "")) if user else ""
-    if uname:
-        out["user"] = uname
-    if client.name:
-        out["name"] = client.name
-    if client.lang:
-        out["lang"] = client.lang
-    if client.version:
-        out["ver"] = client.version
-    if client.rtt:
-        out["rtt"] = int(client.rtt * 1e9)
-    out["server"] = server.name
-    if server.cluster is not None:
-        out["cluster"] = server.cluster.name
-    out["kind"] = "Client"
-    out["client_type"] = getattr(client, "client_type", "nats") or "nats"
-    return out
+def for_advisory(info: dict) -> dict:
+    """server/events.go forAdvisory: the requester's ClientInfo without its JWT and
+    alternates."""
+    return {k: v for k, v in info.items() if k not in ("jwt", "alts")}
 
 
 def sourcing_consumer_name(stream_cfg: dict, cfg: dict) -> str | None:

@@ -18,7 +18,8 @@ group): placement uses it for who is online and how much room they have, and the
 group forms from it the first time (``_bootstrap``).
 
 The API in a cluster: every JetStream server receives each ``$JS.API`` request of an
-account (interest rides the routes); the meta leader answers those that change or list
+account (the API listens in the system account, whose interest rides the routes;
+accounts reach it through their import, natsjs/jetstream/api.py); the meta leader answers those that change or list
 assignments, a stream's leader those about its stream, a consumer's leader those about
 its consumer; the rest stay silent.  With no meta leader, requests get the reference's
 "JetStream system temporarily unavailable".
@@ -33,6 +34,7 @@ import random
 
 import trio
 
+from natsjs.clientinfo import request_info, service_account
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, rfc3339_nano
 from natsjs.jetstream.placement import Candidate, PlacementError, select_peers
@@ -665,13 +667,27 @@ class JetStreamCluster:
         self.server.deliver(self.server.system_account, reply, None,
                             json.dumps(body, separators=(",", ":")).encode())
 
+    def _from_system_account(self, what: str, hdr, msg: bytes) -> bool:
+        """Whether a request to administer the meta group was made in the system
+        account: another account's arrives here too, through its JetStream import, and
+        names that account in its ``Nats-Request-Info`` (nats-server ignores it with
+        this warning)."""
+        info = request_info(msg[:hdr] if hdr and hdr > 0 else None)
+        name = service_account(info) if info is not None else ""
+        if not name or name == self.server.system_account.name:
+            return True
+        self.server.log.warn("JetStream API %s request from non-system account: %r user: %r",
+                             what, name, info.get("user", ""))
+        return False
+
     def _on_meta_stepdown(self, sub, subject, reply, hdr, msg) -> None:
         """$JS.API.META.LEADER.STEPDOWN: the meta leader hands over (optionally to the
         server named in ``placement.preferred``).  Only the leader answers, as in
         nats-server: a follower that has not yet heard of a newly elected leader used
         to answer "temporarily unavailable", and its answer could come first."""
         rtype = "meta_leader_stepdown_response"
-        if not reply or self.meta is None or not self.meta.is_leader():
+        if not reply or self.meta is None or not self.meta.is_leader() or \
+                not self._from_system_account("stepdown", hdr, msg):
             return
         body = msg[hdr:] if hdr and hdr > 0 else msg
         to = None
@@ -694,7 +710,8 @@ class JetStreamCluster:
     def _on_server_remove(self, sub, subject, reply, hdr, msg) -> None:
         """$JS.API.SERVER.REMOVE: a server that will never return leaves the meta group;
         what it held is placed elsewhere and caught up."""
-        if not reply or self.meta is None or not self.meta.is_leader():
+        if not reply or self.meta is None or not self.meta.is_leader() or \
+                not self._from_system_account("server remove", hdr, msg):
             return
         body = msg[hdr:] if hdr and hdr > 0 else msg
         try:

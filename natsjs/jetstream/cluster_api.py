@@ -96,7 +96,7 @@ async def dispatch(api, jsa, subject: str, hdr, body: bytes, reply: bytes | None
             return None
         return _err(rtype, ApiError.of("JSClusterNotAvailErr"))
     if not cl.is_meta_leader():
-        cl.pass_on_held(jsa.account, subject, reply, hdr, body)
+        cl.pass_on_held(api.server.system_account, subject, reply, hdr, body)
         return None
     if _meta_rtype(op) is not None and not cl.first_answer(reply, hdr):
         return None

@@ -283,7 +283,8 @@ class ReplicatedStream(_Replica):
         reply = self.sa["reply"].encode()
         resp = {"type": "io.nats.jetstream.api.v1.stream_create_response",
                 **self.stream.info(), "did_create": True}
-        self.server.deliver(self.jsa.account, reply, None,
+        # Asked in the system account, through the account's JetStream import.
+        self.server.deliver(self.server.system_account, reply, None,
                             json.dumps(resp, separators=(",", ":")).encode())
 
     # ---- the write path: propose, then apply -------------------------------------------
@@ -782,7 +783,7 @@ class ReplicatedConsumer(_Replica):
         if not self._answered_create and self.ca.get("reply"):
             self._answered_create = True
             resp = {"type": "io.nats.jetstream.api.v1.consumer_create_response", **c.info()}
-            self.server.deliver(self.srep.jsa.account, self.ca["reply"].encode(), None,
+            self.server.deliver(self.server.system_account, self.ca["reply"].encode(), None,
                                 json.dumps(resp, separators=(",", ":")).encode())
 
     # ---- state changes through the log ----------------------------------------------------
