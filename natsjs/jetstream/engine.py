@@ -92,7 +92,6 @@ class JsAccount:
         self.streams: dict = {}
         self.api_total = 0
         self.api_errors = 0
-        self.api_sub = None
         self.dir = os.path.join(js.store_dir, account.name)
 
     # ---- usage and limits -------------------------------------------------------------
