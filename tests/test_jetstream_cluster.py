@@ -406,6 +406,23 @@ def test_meta_leader_step_down_by_the_system_user(cluster3doc):
     run(main())
 
 
+def test_an_accounts_meta_step_down_is_refused(cluster3doc):
+    """The meta group is the system account's to administer.  Another account's
+    request reaches the system account through the JetStream import too, named in its
+    ``Nats-Request-Info``: the meta leader ignores it with nats-server's warning, and
+    stays the leader."""
+    async def main():
+        old = cluster3doc.wait_meta_leader()
+        nc, _ = await connect(cluster3doc)
+        with pytest.raises(nats.errors.TimeoutError):
+            await nc.request("$JS.API.META.LEADER.STEPDOWN", b"", timeout=1)
+        await nc.close()
+        cluster3doc.procs[cluster3doc.index_of(old)].wait_for(re.compile(
+            rb"JetStream API stepdown request from non-system account: '\$G'"), timeout=10)
+        assert cluster3doc.wait_meta_leader() == old
+    run(main())
+
+
 def test_meta_step_down_without_a_meta_leader_goes_unanswered(cluster3doc):
     """Only the meta leader answers a meta step-down, as in nats-server: with two of
     three servers gone the last one has no leader and says nothing (the request times
