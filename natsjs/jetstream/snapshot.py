@@ -859,7 +859,8 @@ class ClusterRestore(_Restore):
         # The answer to the restore request the meta leader took: where to send.
         reply = self.rep.sa.get("reply")
         if reply:
-            self.server.deliver(self.jsa.account, reply.encode(), None,
+            # Asked in the system account, through the account's JetStream import.
+            self.server.deliver(self.server.system_account, reply.encode(), None,
                                 json.dumps(restore_answer(self)).encode())
 
     async def _install(self, archive: str):
