@@ -17,6 +17,7 @@ nats-server.
 """
 from __future__ import annotations
 
+import base64
 import collections
 import json
 import os
@@ -554,7 +555,6 @@ class Api:
         except ApiError as exc:
             return err(rtype, exc)
         mseq, subj, mhdr, mmsg, ts = rec
-        import base64
         m = {"subject": subj.decode("utf-8", "replace"), "seq": mseq}
         if mhdr:
             m["hdrs"] = base64.b64encode(mhdr).decode()

@@ -30,6 +30,8 @@ import json
 import math
 import os
 import random
+import shutil
+from urllib.parse import urlsplit
 
 import trio
 
@@ -435,7 +437,6 @@ class JetStreamCluster:
         """How many servers to wait for before forming the meta group the first time:
         the configured routes name the rest of the cluster (as the documentation's
         configurations do; a route to ourselves does not count)."""
-        from urllib.parse import urlsplit
         cl = self.server.cluster
         own_host = (cl.copts.host or "0.0.0.0")
         local = {own_host, "127.0.0.1", "localhost", "0.0.0.0", "::1", "::"}
@@ -491,7 +492,6 @@ class JetStreamCluster:
                 meta.storage.close()
             except Exception:
                 pass
-            import shutil
             shutil.rmtree(self.meta_dir, ignore_errors=True)
             files = DirFiles(self.meta_dir)
             self.state.forget()
