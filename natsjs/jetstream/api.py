@@ -10,6 +10,10 @@ a stream writes and fsyncs its metadata).  Replies are shaped like nats-server's
 (server/jetstream_api.go): ``type``, the response body, and on failure ``error``
 with ``code``, ``err_code`` and ``description``.
 
+Each request is routed, decoded and checked once here (``dispatch``, ``read``; the
+subjects, schemas and error reply are apicore.py's), then answered by this server's
+back end (``handle``) or, in a cluster, by cluster_api.py's.
+
 Pull requests (``CONSUMER.MSG.NEXT``) and direct gets (``DIRECT.GET``) are not API
 calls here: the consumer and the stream subscribe to those subjects in the account
 themselves, and the import does not carry them, as in nats-server; with neither
@@ -17,64 +21,36 @@ listening, the requester hears "no responders".
 """
 from __future__ import annotations
 
+import base64
 import collections
 import json
 import os
+import shutil
 
 import trio
 
 from natsjs._core.fanout import UNDELIVERED, WithProducer
 from natsjs.accounts import JS_NOT_IMPORTED
 from natsjs.clientinfo import request_info, service_account
+from natsjs.jetstream import apicore
+from natsjs.jetstream import cluster_api
 from natsjs.jetstream import consumercfg as CC
 from natsjs.jetstream import headers as H
 from natsjs.jetstream import snapshot, sourcing
 from natsjs.jetstream import streamcfg as SC
+from natsjs.jetstream.apicore import (LIST_LIMIT, MAX_SUBJECT_DETAILS, NAMES_LIMIT,
+                                      RESPONSE_HEADERS, T, Request, check_msg_delete,
+                                      check_new_stream_request, check_purge, err, go_json,
+                                      lookup_stream, pause_response, sourcing_consumer_name)
 from natsjs.jetstream.consumer import Consumer, ephemeral_name
 from natsjs.jetstream.errors import ApiError, error_text
-from natsjs.jetstream.jstime import ZERO_TIME, now_ns, rfc3339_nano
-from natsjs.jetstream.schema import DecodeError, Struct, decode_request, is_empty_request
+from natsjs.jetstream.jstime import now_ns, rfc3339_nano
+from natsjs.jetstream.schema import is_empty_request
 from natsjs.jetstream.store import (MemConsumerStore, OBS,
                                     create_consumer_store, create_stream_store,
                                     open_message_log, write_meta)
 from natsjs.jetstream.stream import Stream
 from natsjs.jetstream.subjects import any_collide
-
-NAMES_LIMIT = 1024          # server/jetstream_api.go JSApiNamesLimit
-# A response dict may carry headers for the reply under this key (popped before sending).
-RESPONSE_HEADERS = "\0headers"
-LIST_LIMIT = 256            # JSApiListLimit
-MAX_SUBJECT_DETAILS = 100_000
-
-T = "io.nats.jetstream.api.v1."
-
-# Fields a failed reply still carries: Go encodes the paging and the list of the
-# response struct even when only its error is set (server/jetstream_api.go ApiPaged has
-# no omitempty; the list responses start with an empty list, STREAM.NAMES with none).
-_NO_PAGE = {"total": 0, "offset": 0, "limit": 0}
-ERROR_EXTRAS = {
-    "stream_info_response": _NO_PAGE,
-    "stream_names_response": {**_NO_PAGE, "streams": None},
-    "stream_list_response": {**_NO_PAGE, "streams": []},
-    "consumer_names_response": {**_NO_PAGE, "consumers": []},
-    "consumer_list_response": {**_NO_PAGE, "consumers": []},
-    "stream_purge_response": {"purged": 0},
-    "consumer_pause_response": {"paused": False, "pause_until": ZERO_TIME},
-}
-
-STREAM_INFO_REQUEST = Struct("JSApiStreamInfoRequest", {
-    "offset": "int", "deleted_details": "bool", "subjects_filter": "string"})
-NAMES_REQUEST = Struct("JSApiStreamNamesRequest", {"offset": "int", "subject": "string"})
-PAGED_REQUEST = Struct("JSApiConsumersRequest", {"offset": "int"})
-PURGE_REQUEST = Struct("JSApiStreamPurgeRequest", {"seq": "uint64", "filter": "string",
-                                                   "keep": "uint64"})
-MSG_GET_REQUEST = Struct("JSApiMsgGetRequest", {
-    "seq": "uint64", "last_by_subj": "string", "next_by_subj": "string", "batch": "int",
-    "max_bytes": "int", "start_time": "string", "multi_last": SC.ListOf("string"),
-    "up_to_seq": "uint64", "up_to_time": "string", "no_hdr": "bool"})
-MSG_DELETE_REQUEST = Struct("JSApiMsgDeleteRequest", {"seq": "uint64", "no_erase": "bool"})
-PAUSE_REQUEST = Struct("JSApiConsumerPauseRequest", {"pause_until": "string"})
-DELETE_STREAM_REQUEST = Struct("JSApiStreamDeleteRequest", {})
 
 
 class Api:
@@ -86,6 +62,8 @@ class Api:
         self.received = 0.0       # when it arrived (trio's clock)
         self._wake = trio.lowlevel.ParkingLot()
         self._subs = []
+        # Names of streams a restore is installing on this server (snapshot.py).
+        self.restoring: set = set()
 
     # ---- subscriptions and the worker ------------------------------------------------------
 
@@ -133,9 +111,8 @@ class Api:
     def _not_enabled(self, subject: bytes, reply: bytes) -> None:
         """An account without JetStream is told so, as nats-server answers (503, 10039)."""
         rtype = "account_info_response" if subject == b"$JS.API.INFO" else "system_response"
-        err = ApiError.of("JSNotEnabledForAccountErr").to_dict()
         self.server.deliver(self.server.system_account, reply, None,
-                            go_json({"type": T + rtype, "error": err}))
+                            go_json(err(rtype, ApiError.of("JSNotEnabledForAccountErr"))))
 
     # ---- requests waiting for a replicated stream's or consumer's leader -----------------
 
@@ -172,13 +149,9 @@ class Api:
             h = msg[:hdr] if hdr is not None and hdr > 0 else None
             try:
                 subj = subject.decode("utf-8", "replace")
-                if self.js.cluster is not None:
-                    from natsjs.jetstream import cluster_api
-                    resp = await cluster_api.dispatch(self, jsa, subj, h, body, reply)
-                else:
-                    resp = await self.dispatch(jsa, subj, h, body)
-            except ApiError as err:
-                resp = {"type": T + "system_response", "error": err.to_dict()}
+                resp = await self.dispatch(jsa, subj, h, body, reply)
+            except ApiError as exc:
+                resp = {"type": T + "system_response", "error": exc.to_dict()}
             except Exception as exc:   # a bug answers with an error, never kills the worker
                 self.server.log.error("JetStream API error on %r: %r", subject, exc)
                 resp = {"type": T + "system_response",
@@ -224,84 +197,154 @@ class Api:
 
     # ---- dispatch --------------------------------------------------------------------------
 
-    async def dispatch(self, jsa, subject: str, hdr, body: bytes) -> dict | None:
-        # A subject no handler of nats-server's takes (server/jetstream_api.go: the API
-        # subjects are patterns with a fixed number of tokens) gets no answer at all:
-        # the account's request reaches the system account through the JetStream
-        # import, where an unmatched subject is dropped; it does not count either.
-        toks = subject.split(".")
-        if len(toks) < 3:
+    async def dispatch(self, jsa, subject: str, hdr, body: bytes,
+                       reply: bytes | None = None) -> dict | None:
+        """Answer one request, or None when this server stays silent.  The subject
+        names the operation (apicore.route; a subject no handler of nats-server's takes
+        gets no answer at all and does not count: the account's request reaches the
+        system account through the JetStream import, where an unmatched subject is
+        dropped); in a cluster, cluster_api.gate says whether this server answers it;
+        then the body is decoded and checked once (``read``) and handed to the
+        clustered back end or to this server's, as server/jetstream_api.go hands a
+        request to jsClusteredStreamRequest and the like."""
+        r = apicore.route(subject, hdr, body)
+        if r is None:
             return None
-        op = toks[2:]
-        n = len(op)
-        if op == ["INFO"]:
-            return {"type": T + "account_info_response", **jsa.account_info()}
-        if op[0] == "STREAM" and n >= 2:
-            kind = op[1]
-            if kind == "NAMES" and n == 2:
-                return self.stream_names(jsa, body)
-            if kind == "LIST" and n == 2:
-                return self.stream_list(jsa, body)
-            if n == 3:
-                name = op[2]
-                if kind == "CREATE":
-                    return await self.stream_create(jsa, name, body, hdr)
-                if kind == "UPDATE":
-                    return await self.stream_update(jsa, name, body, hdr)
-                if kind == "INFO":
-                    return self.stream_info(jsa, name, body)
-                if kind == "DELETE":
-                    return await self.stream_delete(jsa, name, body)
-                if kind == "PURGE":
-                    return self.stream_purge(jsa, name, body)
-                if kind == "SNAPSHOT":
-                    return snapshot.snapshot_request(self, jsa, name, hdr, body)
-                if kind == "RESTORE":
-                    return snapshot.restore_request(self, jsa, name, hdr, body)
-            if kind == "MSG" and n == 4:
-                if op[2] == "GET":
-                    return self.msg_get(jsa, op[3], body)
-                if op[2] == "DELETE":
-                    return self.msg_delete(jsa, op[3], body)
-            if kind == "LEADER" and n == 4 and op[2] == "STEPDOWN":
-                return self._cluster_required("stream_leader_stepdown_response")
-            if kind == "PEER" and n == 4 and op[2] == "REMOVE":
-                return self._cluster_required("stream_remove_peer_response")
-        if op[0] == "CONSUMER" and n >= 3:
-            kind = op[1]
-            if kind == "CREATE":
-                if n == 3:
-                    return await self.consumer_create(jsa, op[2], None, None, body, hdr, "ephemeral")
-                filt = ".".join(op[4:]) if n > 4 else None
-                return await self.consumer_create(jsa, op[2], op[3], filt, body, hdr, "new")
-            if kind == "DURABLE" and n == 5 and op[2] == "CREATE":
-                return await self.consumer_create(jsa, op[3], op[4], None, body, hdr, "durable")
-            if kind == "NAMES" and n == 3:
-                return self.consumer_names(jsa, op[2], body)
-            if kind == "LIST" and n == 3:
-                return self.consumer_list(jsa, op[2], body)
-            if kind == "INFO" and n == 4:
-                return self.consumer_info(jsa, op[2], op[3])
-            if kind == "DELETE" and n == 4:
-                return await self.consumer_delete(jsa, op[2], op[3])
-            if kind == "PAUSE" and n == 4:
-                return await self.consumer_pause(jsa, op[2], op[3], body)
-            if kind == "LEADER" and n == 5 and op[2] == "STEPDOWN":
-                return self._cluster_required("consumer_leader_stepdown_response")
-        return None
-
-    def _err(self, rtype: str, err: ApiError) -> dict:
-        return {"type": T + rtype, "error": err.to_dict(), **ERROR_EXTRAS.get(rtype, {})}
-
-    def _cluster_required(self, rtype: str) -> dict:
-        return self._err(rtype, ApiError.of("JSClusterRequiredErr"))
-
-    @staticmethod
-    def _decode(body: bytes, schema: Struct) -> dict:
+        clustered = self.js.cluster is not None
+        if clustered:
+            resp = await cluster_api.gate(self, jsa, r, reply)
+            if resp is not cluster_api.PROCEED:
+                return resp
         try:
-            return decode_request(body, schema)
-        except DecodeError as exc:
-            raise ApiError.of("JSInvalidJSONErr", err=str(exc)) from None
+            await self.read(r)
+        except ApiError as exc:
+            return err(r.rtype, exc)
+        if clustered:
+            return await cluster_api.handle(self, jsa, r, reply)
+        return await self.handle(jsa, r)
+
+    async def read(self, r: Request) -> None:
+        """Decode ``r``'s body into ``r.req`` and make the checks that need nothing but
+        the request (server/jetstream_api.go does them before a clustered server hands
+        the request over); raises ApiError."""
+        op, body = r.op, r.body
+        req: dict = {}
+        if op in ("STREAM.CREATE", "STREAM.UPDATE"):
+            req = await self.off_loop(apicore.decode, body, SC.STREAM_CONFIG_REQUEST)
+            pedantic = bool(req.pop("pedantic", False))
+            cfg = SC.from_request(req)
+            if op == "STREAM.CREATE":
+                SC.set_static_metadata(cfg)
+            req = {"cfg": cfg, "pedantic": pedantic}
+            if r.stream != cfg["name"]:
+                raise ApiError.of("JSStreamMismatchErr")
+            if op == "STREAM.CREATE":
+                check_new_stream_request(cfg)
+        elif op == "STREAM.INFO":
+            if body.strip()[:1] in (b"{", b"["):
+                req = apicore.decode(body, apicore.STREAM_INFO_REQUEST)
+        elif op == "STREAM.DELETE":
+            if not is_empty_request(body):
+                raise ApiError.of("JSNotEmptyRequestErr")
+        elif op == "STREAM.PURGE":
+            if body.strip():
+                req = apicore.decode(body, apicore.PURGE_REQUEST)
+            if req.get("seq") and req.get("keep"):
+                raise ApiError.of("JSBadRequestErr")
+        elif op in ("STREAM.NAMES", "STREAM.LIST"):
+            req = apicore.decode(body, apicore.NAMES_REQUEST)
+        elif op == "STREAM.MSG.GET":
+            req = apicore.decode(body, apicore.MSG_GET_REQUEST)
+        elif op == "STREAM.MSG.DELETE":
+            if is_empty_request(body):
+                raise ApiError.of("JSBadRequestErr")
+            req = apicore.decode(body, apicore.MSG_DELETE_REQUEST)
+        elif op == "CONSUMER.CREATE":
+            req = await self.read_consumer_create(r)
+        elif op in ("CONSUMER.NAMES", "CONSUMER.LIST"):
+            req = apicore.decode(body, apicore.PAGED_REQUEST)
+        elif op == "CONSUMER.PAUSE":
+            req = apicore.decode(body, apicore.PAUSE_REQUEST)
+        r.req = req
+
+    async def read_consumer_create(self, r: Request) -> dict:
+        """The checks of a consumer create that need only the request
+        (server/jetstream_api.go jsConsumerCreateRequest): the names in the subject and
+        in the configuration agree, a filter in the subject is the configuration's."""
+        req = await self.off_loop(apicore.decode, r.body, CC.CREATE_CONSUMER_REQUEST)
+        ccfg = CC.from_request(req.get("config") or {})
+        cname, kind = r.consumer, r.kind
+        if kind == "ephemeral":
+            cname = ccfg["name"]
+        if r.stream != req.get("stream_name", ""):
+            raise ApiError.of("JSStreamMismatchErr")
+        if cname and ("\\" in cname or "/" in cname):
+            raise ApiError.of("JSConsumerNameContainsPathSeparatorsErr")
+        if kind == "durable":
+            if not ccfg["durable_name"]:
+                raise ApiError.of("JSConsumerDurableNameNotSetErr")
+            if cname != ccfg["durable_name"]:
+                raise ApiError.of("JSConsumerDurableNameNotMatchSubjectErr")
+            ccfg["name"] = cname
+        if kind == "new":
+            if ccfg["durable_name"] and cname != ccfg["durable_name"]:
+                raise ApiError.of("JSConsumerDurableNameNotMatchSubjectErr")
+            ccfg["name"] = cname
+        if kind == "ephemeral" and ccfg["durable_name"]:
+            raise ApiError.of("JSConsumerEphemeralWithDurableNameErr")
+        filt = r.filter
+        if filt and ccfg["filter_subjects"]:
+            raise ApiError.of("JSConsumerMultipleFiltersNotAllowed")
+        if filt and ccfg["filter_subject"] != filt:
+            raise ApiError.of("JSConsumerCreateFilterSubjectMismatchErr")
+        if ccfg["num_replicas"] > 1 and self.server.cluster is None:
+            raise ApiError.of("JSStreamReplicasNotSupportedErr")
+        apicore.check_api_level(r.hdr)
+        return {"cfg": ccfg, "name": cname, "action": req.get("action", ""),
+                "pedantic": bool(req.get("pedantic"))}
+
+    async def handle(self, jsa, r: Request) -> dict | None:
+        """This server's back end: ``r`` decoded and checked, answered from the
+        account's streams and consumers here."""
+        op = r.op
+        if op == "INFO":
+            return {"type": T + "account_info_response", **jsa.account_info()}
+        if op == "STREAM.NAMES":
+            return self.stream_names(jsa, r.req)
+        if op == "STREAM.LIST":
+            return self.stream_list(jsa, r.req)
+        if op == "STREAM.CREATE":
+            return await self.stream_create(jsa, r.req)
+        if op == "STREAM.UPDATE":
+            return await self.stream_update(jsa, r.stream, r.req)
+        if op == "STREAM.INFO":
+            return self.stream_info(jsa, r.stream, r.req)
+        if op == "STREAM.DELETE":
+            return await self.stream_delete(jsa, r.stream)
+        if op == "STREAM.PURGE":
+            return self.stream_purge(jsa, r.stream, r.req)
+        if op == "STREAM.SNAPSHOT":
+            return snapshot.snapshot_request(self, jsa, r.stream, r.hdr, r.body)
+        if op == "STREAM.RESTORE":
+            return snapshot.restore_request(self, jsa, r.stream, r.hdr, r.body)
+        if op == "STREAM.MSG.GET":
+            return self.msg_get(jsa, r.stream, r.req)
+        if op == "STREAM.MSG.DELETE":
+            return self.msg_delete(jsa, r.stream, r.req)
+        if op == "CONSUMER.CREATE":
+            return await self.consumer_create(jsa, r)
+        if op == "CONSUMER.NAMES":
+            return self.consumer_names(jsa, r.stream, r.req)
+        if op == "CONSUMER.LIST":
+            return self.consumer_list(jsa, r.stream, r.req)
+        if op == "CONSUMER.INFO":
+            return self.consumer_info(jsa, r.stream, r.consumer)
+        if op == "CONSUMER.DELETE":
+            return await self.consumer_delete(jsa, r.stream, r.consumer)
+        if op == "CONSUMER.PAUSE":
+            return await self.consumer_pause(jsa, r.stream, r.consumer, r.req)
+        # leader step-down, peer remove: a cluster's
+        return err(r.rtype, ApiError.of("JSClusterRequiredErr"))
 
     # A request this large (up to max_payload, 1 MB: 100,000 subjects) takes more than a
     # few milliseconds to decode and check: that work leaves the event loop.
@@ -319,16 +362,14 @@ class Api:
             return fn(*args)
         return await trio.to_thread.run_sync(fn, *args)
 
-    def _stream(self, jsa, name: str) -> Stream:
-        s = jsa.streams.get(name)
-        if s is None:
-            raise ApiError.of("JSStreamNotFoundErr")
-        return s
-
-    def _check_context(self, jsa, pedantic=False) -> SC.CheckContext:
-        def get_stream(name):
-            s = jsa.streams.get(name)
-            return s.cfg if s is not None else None
+    def check_context(self, jsa, get_stream=None, pedantic=False) -> SC.CheckContext:
+        """What checking a stream configuration of ``jsa`` needs to know: the account's
+        other streams' configurations (``get_stream(name)``, by default this server's),
+        its limits and the server's."""
+        if get_stream is None:
+            def get_stream(name):
+                s = jsa.streams.get(name)
+                return s.cfg if s is not None else None
         lim = jsa.limits
         return SC.CheckContext(get_stream=get_stream, max_bytes_required=lim.max_bytes_required,
                                max_stream_bytes=-1, pedantic=pedantic,
@@ -336,31 +377,17 @@ class Api:
 
     # ---- streams ------------------------------------------------------------------------
 
-    async def stream_create(self, jsa, name: str, body: bytes, hdr) -> dict:
+    async def stream_create(self, jsa, req: dict) -> dict:
         rtype = "stream_create_response"
         try:
-            req = await self.off_loop(self._decode, body, SC.STREAM_CONFIG_REQUEST)
-            pedantic = bool(req.pop("pedantic", False))
-            cfg = SC.from_request(req)
-            SC.set_static_metadata(cfg)
-            if name != cfg["name"]:
-                raise ApiError.of("JSStreamMismatchErr")
-            if "\\" in name or "/" in name:
-                raise ApiError.of("JSStreamNameContainsPathSeparatorsErr")
-            if cfg["sealed"]:
-                raise ApiError.of("JSStreamInvalidConfigF",
-                                  err="stream configuration for create can not be sealed")
-            if cfg["mirror_direct"] and cfg["mirror"] is None:
-                raise ApiError.of("JSStreamInvalidConfigF",
-                                  err="stream has no mirror but does have mirror direct")
-            stream = await self.add_stream(jsa, cfg, pedantic)
-        except ApiError as err:
-            return self._err(rtype, err)
+            stream = await self.add_stream(jsa, req["cfg"], req["pedantic"])
+        except ApiError as exc:
+            return err(rtype, exc)
         return {"type": T + rtype, **stream.info(), "did_create": True}
 
     async def add_stream(self, jsa, config: dict, pedantic: bool = False) -> Stream:
         """server/stream.go addStream for a single server."""
-        ctx = self._check_context(jsa, pedantic)
+        ctx = self.check_context(jsa, pedantic=pedantic)
         cfg = await self.off_loop(SC.check_stream_config, config, ctx)
         if cfg["num_replicas"] > 1 and self.server.cluster is None:
             raise ApiError.of("JSStreamReplicasNotSupportedErr")
@@ -397,15 +424,11 @@ class Api:
                          {"stream": cfg["name"], "action": "create"}, jsa.account)
         return stream
 
-    async def stream_update(self, jsa, name: str, body: bytes, hdr) -> dict:
+    async def stream_update(self, jsa, name: str, req: dict) -> dict:
         rtype = "stream_update_response"
         try:
-            req = await self.off_loop(self._decode, body, SC.STREAM_CONFIG_REQUEST)
-            pedantic = bool(req.pop("pedantic", False))
-            cfg = SC.from_request(req)
-            if name != cfg["name"]:
-                raise ApiError.of("JSStreamMismatchErr")
-            stream = self._stream(jsa, name)
+            cfg, pedantic = req["cfg"], req["pedantic"]
+            stream = lookup_stream(jsa, name)
             md = {k: v for k, v in (cfg.get("metadata") or {}).items()
                   if k not in (SC.VERSION_KEY, SC.LEVEL_KEY, SC.REQ_LEVEL_KEY)}
             old_level = (stream.cfg.get("metadata") or {}).get(SC.REQ_LEVEL_KEY)
@@ -414,7 +437,7 @@ class Api:
             if old_level is not None and int(cfg["metadata"][SC.REQ_LEVEL_KEY]) < int(old_level):
                 cfg["metadata"][SC.REQ_LEVEL_KEY] = old_level
             new = await self.off_loop(SC.check_update, stream.cfg, cfg,
-                                      self._check_context(jsa, pedantic),
+                                      self.check_context(jsa, pedantic=pedantic),
                                       self.server.cluster is None)
             if new["num_replicas"] > 1 and self.server.cluster is None:
                 raise ApiError.of("JSStreamReplicasNotSupportedErr")
@@ -425,22 +448,19 @@ class Api:
             if stream.path:
                 await trio.to_thread.run_sync(write_meta, stream.path, new, stream.created)
             stream.config_for_update(new)
-        except ApiError as err:
-            return self._err(rtype, err)
+        except ApiError as exc:
+            return err(rtype, exc)
         self.js.advisory("$JS.EVENT.ADVISORY.STREAM.UPDATED." + name,
                          "io.nats.jetstream.advisory.v1.stream_action",
                          {"stream": name, "action": "modify"}, jsa.account)
         return {"type": T + rtype, **stream.info()}
 
-    def stream_info(self, jsa, name: str, body: bytes) -> dict:
+    def stream_info(self, jsa, name: str, req: dict) -> dict:
         rtype = "stream_info_response"
         try:
-            req = {}
-            if body.strip()[:1] in (b"{", b"["):
-                req = self._decode(body, STREAM_INFO_REQUEST)
-            stream = self._stream(jsa, name)
-        except ApiError as err:
-            return self._err(rtype, err)
+            stream = lookup_stream(jsa, name)
+        except ApiError as exc:
+            return err(rtype, exc)
         offset = max(req.get("offset", 0), 0)
         filt = req.get("subjects_filter", "")
         info = stream.info(deleted_details=req.get("deleted_details", False))
@@ -462,14 +482,12 @@ class Api:
         out.update(info)
         return out
 
-    async def stream_delete(self, jsa, name: str, body: bytes) -> dict:
+    async def stream_delete(self, jsa, name: str) -> dict:
         rtype = "stream_delete_response"
-        if not is_empty_request(body):
-            return self._err(rtype, ApiError.of("JSNotEmptyRequestErr"))
         try:
-            stream = self._stream(jsa, name)
-        except ApiError as err:
-            return self._err(rtype, err)
+            stream = lookup_stream(jsa, name)
+        except ApiError as exc:
+            return err(rtype, exc)
         del jsa.streams[name]
         # Its consumers go with it, each with its advisory; the durable consumers it had
         # on the origins of its mirror or sources are deleted there (server/stream.go
@@ -489,20 +507,14 @@ class Api:
                          {"stream": name, "action": "delete"}, jsa.account)
         return {"type": T + rtype, "success": True}
 
-    def stream_purge(self, jsa, name: str, body: bytes) -> dict:
+    def stream_purge(self, jsa, name: str, req: dict) -> dict:
         rtype = "stream_purge_response"
         try:
-            req = self._decode(body, PURGE_REQUEST) if body.strip() else {}
-            stream = self._stream(jsa, name)
-            if stream.cfg["sealed"]:
-                raise ApiError.of("JSStreamSealedErr")
-            if stream.cfg["deny_purge"]:
-                raise ApiError.of("JSStreamPurgeFailedF", err="stream purge not permitted")
-            if req.get("seq") and req.get("keep"):
-                raise ApiError.of("JSBadRequestErr")
+            stream = lookup_stream(jsa, name)
+            check_purge(stream.cfg)
             n = stream.purge(req.get("filter", ""), req.get("seq", 0), req.get("keep", 0))
-        except ApiError as err:
-            return self._err(rtype, err)
+        except ApiError as exc:
+            return err(rtype, exc)
         return {"type": T + rtype, "success": True, "purged": n}
 
     def _names_filter(self, jsa, subject: str) -> list:
@@ -512,32 +524,27 @@ class Api:
                                              for s in jsa.streams[n].cfg["subjects"] or [])]
         return names
 
-    def stream_names(self, jsa, body: bytes) -> dict:
-        out = self._stream_page(jsa, body, "stream_names_response", NAMES_LIMIT,
+    def stream_names(self, jsa, req: dict) -> dict:
+        out = self._stream_page(jsa, req, "stream_names_response", NAMES_LIMIT,
                                 lambda s: s.name)
         if "streams" in out and not out["streams"]:
             out["streams"] = None
         return out
 
-    def stream_list(self, jsa, body: bytes) -> dict:
-        return self._stream_page(jsa, body, "stream_list_response", LIST_LIMIT,
+    def stream_list(self, jsa, req: dict) -> dict:
+        return self._stream_page(jsa, req, "stream_list_response", LIST_LIMIT,
                                  lambda s: s.info(dynamic=False))
 
-    def _stream_page(self, jsa, body: bytes, rtype: str, limit: int, render) -> dict:
-        try:
-            req = self._decode(body, NAMES_REQUEST)
-        except ApiError as err:
-            return self._err(rtype, err)
+    def _stream_page(self, jsa, req: dict, rtype: str, limit: int, render) -> dict:
         names = self._names_filter(jsa, req.get("subject", ""))
         offset = min(max(req.get("offset", 0), 0), len(names))
         return {"type": T + rtype, "total": len(names), "offset": offset, "limit": limit,
                 "streams": [render(jsa.streams[n]) for n in names[offset:offset + limit]]}
 
-    def msg_get(self, jsa, name: str, body: bytes) -> dict:
+    def msg_get(self, jsa, name: str, req: dict) -> dict:
         rtype = "stream_msg_get_response"
         try:
-            req = self._decode(body, MSG_GET_REQUEST)
-            stream = self._stream(jsa, name)
+            stream = lookup_stream(jsa, name)
             seq, last, nxt = req.get("seq", 0), req.get("last_by_subj", ""), \
                 req.get("next_by_subj", "")
             if (seq and last) or (last and nxt) or (not seq and not last and not nxt):
@@ -552,10 +559,9 @@ class Api:
                 rec = store.load_last(last.encode())
             if rec is None or rec[0] > stream.synced_seq:
                 raise ApiError.of("JSNoMessageFoundErr")
-        except ApiError as err:
-            return self._err(rtype, err)
+        except ApiError as exc:
+            return err(rtype, exc)
         mseq, subj, mhdr, mmsg, ts = rec
-        import base64
         m = {"subject": subj.decode("utf-8", "replace"), "seq": mseq}
         if mhdr:
             m["hdrs"] = base64.b64encode(mhdr).decode()
@@ -564,64 +570,25 @@ class Api:
         m["time"] = rfc3339_nano(ts)
         return {"type": T + rtype, "message": m}
 
-    def msg_delete(self, jsa, name: str, body: bytes) -> dict:
+    def msg_delete(self, jsa, name: str, req: dict) -> dict:
         rtype = "stream_msg_delete_response"
         try:
-            if is_empty_request(body):
-                raise ApiError.of("JSBadRequestErr")
-            req = self._decode(body, MSG_DELETE_REQUEST)
-            stream = self._stream(jsa, name)
-            if stream.cfg["sealed"]:
-                raise ApiError.of("JSStreamSealedErr")
-            if stream.cfg["deny_delete"]:
-                raise ApiError.of("JSStreamMsgDeleteFailedF", err="message delete not permitted")
-            seq = req.get("seq", 0)
-            refusal = stream.delete_refusal(seq)
-            if refusal is not None:
-                raise refusal
+            stream = lookup_stream(jsa, name)
+            seq = check_msg_delete(stream, req)
             if not stream.delete_msg(seq, erase=not req.get("no_erase", False)):
                 raise ApiError.of("JSSequenceNotFoundErrF", seq=seq)
-        except ApiError as err:
-            return self._err(rtype, err)
+        except ApiError as exc:
+            return err(rtype, exc)
         return {"type": T + rtype, "success": True}
 
     # ---- consumers ----------------------------------------------------------------------
 
-    async def consumer_create(self, jsa, stream_name: str, cname, filt, body: bytes, hdr,
-                              kind: str) -> dict:
+    async def consumer_create(self, jsa, r: Request) -> dict:
         rtype = "consumer_create_response"
+        req, hdr = r.req, r.hdr
+        ccfg, cname, action, pedantic = req["cfg"], req["name"], req["action"], req["pedantic"]
         try:
-            req = await self.off_loop(self._decode, body, CC.CREATE_CONSUMER_REQUEST)
-            ccfg = CC.from_request(req.get("config") or {})
-            action = req.get("action", "")
-            pedantic = bool(req.get("pedantic"))
-            if kind == "ephemeral":
-                cname = ccfg["name"]
-            if stream_name != req.get("stream_name", ""):
-                raise ApiError.of("JSStreamMismatchErr")
-            if cname and ("\\" in cname or "/" in cname):
-                raise ApiError.of("JSConsumerNameContainsPathSeparatorsErr")
-            if kind == "durable":
-                if not ccfg["durable_name"]:
-                    raise ApiError.of("JSConsumerDurableNameNotSetErr")
-                if cname != ccfg["durable_name"]:
-                    raise ApiError.of("JSConsumerDurableNameNotMatchSubjectErr")
-                ccfg["name"] = cname
-            if kind == "new":
-                if ccfg["durable_name"] and cname != ccfg["durable_name"]:
-                    raise ApiError.of("JSConsumerDurableNameNotMatchSubjectErr")
-                ccfg["name"] = cname
-            if kind == "ephemeral" and ccfg["durable_name"]:
-                raise ApiError.of("JSConsumerEphemeralWithDurableNameErr")
-            if filt and ccfg["filter_subjects"]:
-                raise ApiError.of("JSConsumerMultipleFiltersNotAllowed")
-            if filt and ccfg["filter_subject"] != filt:
-                raise ApiError.of("JSConsumerCreateFilterSubjectMismatchErr")
-            if ccfg["num_replicas"] > 1 and self.server.cluster is None:
-                raise ApiError.of("JSStreamReplicasNotSupportedErr")
-            if required_level(hdr) > SC.API_LEVEL:
-                raise ApiError.of("JSRequiredApiLevelErr")
-            stream = self._stream(jsa, stream_name)
+            stream = lookup_stream(jsa, r.stream)
             identity = None
             if ccfg["direct"] or ccfg["sourcing"]:
                 cname = sourcing_consumer_name(stream.cfg, ccfg) or cname
@@ -637,8 +604,8 @@ class Api:
                         ccfg[k] = existing.cfg[k]
             CC.set_static_metadata(ccfg)
             consumer = await self.add_consumer(jsa, stream, ccfg, action, pedantic)
-        except ApiError as err:
-            return self._err(rtype, err)
+        except ApiError as exc:
+            return err(rtype, exc)
         out = {"type": T + rtype, **consumer.info()}
         if identity is not None:
             out[RESPONSE_HEADERS] = H.make(0, "", [(b"Nats-Stream-Identity", identity.encode())])
@@ -727,7 +694,7 @@ class Api:
                 if cname != name and not c.internal]
 
     def _consumer(self, jsa, stream_name: str, name: str):
-        stream = self._stream(jsa, stream_name)
+        stream = lookup_stream(jsa, stream_name)
         c = stream.consumers.get(name)
         if c is None:
             raise ApiError.of("JSConsumerNotFoundErr")
@@ -737,16 +704,16 @@ class Api:
         rtype = "consumer_info_response"
         try:
             _, c = self._consumer(jsa, stream_name, name)
-        except ApiError as err:
-            return self._err(rtype, err)
+        except ApiError as exc:
+            return err(rtype, exc)
         return {"type": T + rtype, **c.info()}
 
     async def consumer_delete(self, jsa, stream_name: str, name: str) -> dict:
         rtype = "consumer_delete_response"
         try:
             stream, c = self._consumer(jsa, stream_name, name)
-        except ApiError as err:
-            return self._err(rtype, err)
+        except ApiError as exc:
+            return err(rtype, exc)
         await self._delete_consumer(stream, c)
         return {"type": T + rtype, "success": True}
 
@@ -766,13 +733,12 @@ class Api:
         c.closed_pending = True
         self.js.spawn(self._delete_consumer, stream, c)
 
-    async def consumer_pause(self, jsa, stream_name: str, name: str, body: bytes) -> dict:
+    async def consumer_pause(self, jsa, stream_name: str, name: str, req: dict) -> dict:
         rtype = "consumer_pause_response"
         try:
-            req = self._decode(body, PAUSE_REQUEST)
             stream, c = self._consumer(jsa, stream_name, name)
-        except ApiError as err:
-            return self._err(rtype, err)
+        except ApiError as exc:
+            return err(rtype, exc)
         cfg = dict(c.cfg)
         cfg["pause_until"] = req.get("pause_until") or ""
         CC.set_static_metadata(cfg)
@@ -781,89 +747,30 @@ class Api:
         c.update_config(cfg)
         return pause_response(cfg)
 
-    def consumer_names(self, jsa, stream_name: str, body: bytes) -> dict:
-        return self._consumer_page(jsa, stream_name, body, "consumer_names_response",
+    def consumer_names(self, jsa, stream_name: str, req: dict) -> dict:
+        return self._consumer_page(jsa, stream_name, req, "consumer_names_response",
                                    NAMES_LIMIT, lambda c: c.name)
 
-    def consumer_list(self, jsa, stream_name: str, body: bytes) -> dict:
-        return self._consumer_page(jsa, stream_name, body, "consumer_list_response",
+    def consumer_list(self, jsa, stream_name: str, req: dict) -> dict:
+        return self._consumer_page(jsa, stream_name, req, "consumer_list_response",
                                    LIST_LIMIT, lambda c: c.info(dynamic=False))
 
-    def _consumer_page(self, jsa, stream_name: str, body: bytes, rtype: str, limit: int,
+    def _consumer_page(self, jsa, stream_name: str, req: dict, rtype: str, limit: int,
                        render) -> dict:
         try:
-            req = self._decode(body, PAGED_REQUEST)
-            stream = self._stream(jsa, stream_name)
-        except ApiError as err:
-            return self._err(rtype, err)
+            stream = lookup_stream(jsa, stream_name)
+        except ApiError as exc:
+            return err(rtype, exc)
         names = sorted(n for n, c in stream.consumers.items() if not c.direct)
         offset = min(max(req.get("offset", 0), 0), len(names))
         return {"type": T + rtype, "total": len(names), "offset": offset, "limit": limit,
                 "consumers": [render(stream.consumers[n]) for n in names[offset:offset + limit]]}
 
 
-def pause_response(cfg: dict) -> dict:
-    """The consumer_pause_response for a consumer configuration's ``pause_until``."""
-    from natsjs.jetstream.consumer import _pause_ns
-    until = _pause_ns(cfg)
-    now = now_ns()
-    out = {"type": T + "consumer_pause_response", "paused": bool(until and now < until),
-           "pause_until": cfg.get("pause_until") or ZERO_TIME}
-    if out["paused"]:
-        out["pause_remaining"] = until - now
-    return out
-
-
-def required_level(hdr: bytes | None) -> int:
-    """server/jetstream_versioning.go errorOnRequiredApiLevel: the level a request asks
-    for in Nats-Required-Api-Level (unparsable asks for more than anyone has)."""
-    raw = H.get(hdr, b"Nats-Required-Api-Level") if hdr else None
-    if not raw:
-        return 0
-    raw = raw.strip()
-    return int(raw) if raw.isdigit() else 1 << 30
-
-
-def go_json(obj) -> bytes:
-    """JSON as Go's encoder writes it: compact, UTF-8, with <, >, & and the line and
-    paragraph separators escaped inside strings (they cannot occur outside)."""
-    try:
-        text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-        data = text.encode()
-    except UnicodeEncodeError:      # a lone surrogate: leave it escaped
-        text = json.dumps(obj, separators=(",", ":"))
-        data = text.encode()
-    if b"<" in data or b">" in data or b"&" in data or "\u2028" in text or "\u2029" in text:
-        text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026") \
-            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-        data = text.encode()
-    return data
-
-
 def for_advisory(info: dict) -> dict:
     """server/events.go forAdvisory: the requester's ClientInfo without its JWT and
     alternates."""
     return {k: v for k, v in info.items() if k not in ("jwt", "alts")}
-
-
-def sourcing_consumer_name(stream_cfg: dict, cfg: dict) -> str | None:
-    """server/jetstream_api.go: a mirror's or source's consumer asks with a stable
-    name; on a stream with limits retention it gets a random suffix (a new consumer
-    every time), on an interest or work queue stream it becomes a durable that acks
-    through its flow control replies, so that the origin keeps what the mirror or
-    source has not taken yet."""
-    if not (cfg["direct"] and cfg["sourcing"] and cfg["name"]):
-        return None
-    if stream_cfg["retention"] in ("interest", "workqueue"):
-        cfg["direct"] = False
-        cfg["durable_name"] = cfg["name"]
-        cfg["ack_policy"] = "flow_control"
-        cfg["ack_wait"] = 0
-        cfg["max_deliver"] = 0
-        cfg["inactive_threshold"] = 0
-    else:
-        cfg["name"] = "%s-%s" % (cfg["name"], sourcing.get_hash(sourcing.rand_token(22)))
-    return cfg["name"]
 
 
 def _same_config(a: dict, b: dict) -> bool:
@@ -876,7 +783,6 @@ def _write_consumer_meta(d: str, cfg: dict, created: int) -> None:
 
 
 def _remove_tree(path: str) -> None:
-    import shutil
     shutil.rmtree(path, ignore_errors=True)
 
 

@@ -31,10 +31,14 @@ import json
 import math
 import os
 import random
+import shutil
+from urllib.parse import urlsplit
 
 import trio
 
+from natsjs._core.filelog import FileLog
 from natsjs.clientinfo import request_info, service_account
+from natsjs.jetstream import consumercfg as CC
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, rfc3339_nano
 from natsjs.jetstream.placement import Candidate, PlacementError, select_peers
@@ -48,6 +52,7 @@ from natsjs.jetstream.raft_driver import (
     StateMachine,
     hand_to,
 )
+from natsjs.jetstream.replicated import ReplicatedConsumer, ReplicatedStream
 
 _DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 META = "_meta_"
@@ -75,6 +80,14 @@ def group_name(prefix: str, replicas: int, storage: str) -> str:
     """server/jetstream_cluster.go groupName: S-R3F-<random hash>."""
     tag = "".join(random.choice(_DIGITS) for _ in range(8))
     return "%s-R%d%s-%s" % (prefix, replicas, (storage or "file")[0].upper(), tag)
+
+
+def consumer_peers(cfg: dict, stream_peers, prefer=()) -> list:
+    """A consumer's peers among its stream's: as many as its num_replicas (0: the
+    stream's count for durables, 1 for ephemerals), those in ``prefer`` first."""
+    r = cfg["num_replicas"] or (len(stream_peers) if cfg["durable_name"] else 1)
+    first = [p for p in prefer if p in stream_peers]
+    return (first + [p for p in stream_peers if p not in first])[:r]
 
 
 class Transport:
@@ -322,9 +335,7 @@ class JetStreamCluster:
             self.js.subscribe(sys_acc, b"$JSC.JOIN.%s" % self.me.encode(), self._on_join)
             self.js.subscribe(sys_acc, b"$JSC.SINFO.*", self._on_stream_info_request)
             self.js.subscribe(sys_acc, b"$JSC.GV.*", self._on_group_voters)
-            from natsjs.jetstream.cluster_api import on_consumer_info_request
-            self.js.subscribe(sys_acc, b"$JSC.CINFO.*",
-                              lambda *a: on_consumer_info_request(self, *a))
+            self.js.subscribe(sys_acc, b"$JSC.CINFO.*", self._on_consumer_info_request)
             # The system account's JetStream requests (a $SYS user administers the meta
             # group): leader step-down and server removal.
             self.js.subscribe(sys_acc, b"$JS.API.META.LEADER.STEPDOWN", self._on_meta_stepdown)
@@ -428,7 +439,6 @@ class JetStreamCluster:
         """How many servers to wait for before forming the meta group the first time:
         the configured routes name the rest of the cluster (as the documentation's
         configurations do; a route to ourselves does not count)."""
-        from urllib.parse import urlsplit
         cl = self.server.cluster
         own_host = (cl.copts.host or "0.0.0.0")
         local = {own_host, "127.0.0.1", "localhost", "0.0.0.0", "::1", "::"}
@@ -484,7 +494,6 @@ class JetStreamCluster:
                 meta.storage.close()
             except Exception:
                 pass
-            import shutil
             shutil.rmtree(self.meta_dir, ignore_errors=True)
             files = DirFiles(self.meta_dir)
             self.state.forget()
@@ -567,7 +576,6 @@ class JetStreamCluster:
             await trio.sleep(0.1)
 
     async def _start_meta(self, files: DirFiles, peers) -> None:
-        from natsjs._core.filelog import FileLog
         log = FileLog(os.path.join(self.meta_dir, "log"))
         storage = RaftStorage(log, files)
         transport, inbox = self.transport.attach(META)
@@ -783,7 +791,6 @@ class JetStreamCluster:
         self._nursery.start_soon(self._restored, key, req, reply)
 
     async def _restored(self, key: str, req: dict, reply: bytes) -> None:
-        from natsjs.jetstream.cluster_api import assign_restored_consumers
         sa = self.state.streams.get(key)
         try:
             # Only about the assignment it restored (not a stream made since).
@@ -792,11 +799,28 @@ class JetStreamCluster:
                     await self.propose_meta({"op": "stream_del", "acc": sa["acc"],
                                              "name": sa["cfg"]["name"]})
                 else:
-                    await assign_restored_consumers(self, sa, req.get("leader"),
-                                                    req.get("consumers") or [])
+                    await self._assign_restored_consumers(sa, req.get("leader"),
+                                                          req.get("consumers") or [])
         except (trio.TooSlowError, NotLeaderError):
             return
         self.server.deliver(self.server.system_account, reply, None, b'{"ok":true}')
+
+    async def _assign_restored_consumers(self, sa: dict, leader, consumers: list) -> None:
+        """The consumers a restored stream's archive held, with their state, on the
+        stream's peers (its leader first)."""
+        stream = sa["cfg"]["name"]
+        for c in consumers:
+            if ("%s %s %s" % (sa["acc"], stream, c["name"])) in self.state.consumers:
+                continue
+            cfg = CC.blank_config()
+            cfg.update(c["config"])
+            peers = consumer_peers(cfg, sa["group"]["peers"], [leader] if leader else [])
+            group = {"name": group_name("C", len(peers), sa["cfg"]["storage"]),
+                     "peers": peers}
+            await self.propose_meta({"op": "consumer", "acc": sa["acc"], "stream": stream,
+                                     "name": c["name"], "cfg": cfg, "group": group,
+                                     "created": c.get("created") or now_ns(),
+                                     "state": c["state"]})
 
     async def replace_peer(self, peer: str) -> None:
         """Every stream (and its consumers) that had ``peer`` gets another one, placed by
@@ -919,7 +943,6 @@ class JetStreamCluster:
 
     def reconcile(self) -> None:
         """Start the replicas this server is assigned, stop those it no longer is."""
-        from natsjs.jetstream.replicated import ReplicatedStream, ReplicatedConsumer
         want = {}
         for key, sa in self.state.streams.items():
             if self.me in sa["group"]["peers"]:
@@ -965,6 +988,18 @@ class JetStreamCluster:
                     rep.name == name:
                 return rep
         return None
+
+    def consumer_replica(self, acc: str, stream: str, name: str):
+        for rep in self.replicas.values():
+            if getattr(rep, "kind", "") == "consumer" and rep.ca["acc"] == acc and \
+                    rep.ca["stream"] == stream and rep.name == name:
+                return rep
+        return None
+
+    def _on_consumer_info_request(self, sub, subject, reply, hdr, msg) -> None:
+        """$JSC.CINFO.*: a consumer's leader answers with its info (for the meta leader)."""
+        self._answer_info(reply, msg, lambda req: self.consumer_replica(
+            req["acc"], req["stream"], req["name"]), lambda crep: crep.consumer.info())
 
     # ---- placement ------------------------------------------------------------------------
 
@@ -1084,17 +1119,22 @@ class JetStreamCluster:
     # ---- stream info across the cluster (for listings by the meta leader) -----------------
 
     def _on_stream_info_request(self, sub, subject, reply, hdr, msg) -> None:
+        """$JSC.SINFO.*: a stream's leader answers with its info (for the meta leader)."""
+        self._answer_info(reply, msg, lambda req: self.stream_replica(req["acc"], req["name"]),
+                          lambda rep: rep.stream.info())
+
+    def _answer_info(self, reply, msg: bytes, find, info) -> None:
+        """The replica ``find(request)`` answers with ``info(replica)`` when it leads."""
         if not reply:
             return
         try:
-            req = json.loads(msg)
-            rep = self.stream_replica(req["acc"], req["name"])
+            rep = find(json.loads(msg))
         except (ValueError, KeyError, TypeError):
             return
         if rep is None or not rep.is_leader():
             return
         self.server.deliver(self.server.system_account, reply, None,
-                            json.dumps(rep.stream.info(), separators=(",", ":")).encode())
+                            json.dumps(info(rep), separators=(",", ":")).encode())
 
     def _on_group_voters(self, sub, subject, reply, hdr, msg) -> None:
         """$JSC.GV.<group>: the group's leader answers with the voters of its latest

@@ -31,10 +31,10 @@ import trio
 from natsjs._core.jsdeliver import deliver_run
 from natsjs.accounts import exact_interest
 from natsjs.jetstream import headers as H
-from natsjs.jetstream.consumercfg import config_json, filters_of, is_durable, with_dynamic_metadata
+from natsjs.jetstream.consumercfg import (config_json, filters_of, is_durable, pause_ns,
+                                          with_dynamic_metadata)
 from natsjs.jetstream.errors import ApiError
-from natsjs.jetstream.jstime import (ZERO_TIME, now_ns, parse_go_duration, parse_rfc3339,
-                                     rfc3339_nano)
+from natsjs.jetstream.jstime import ZERO_TIME, now_ns, parse_go_duration, rfc3339_nano
 from natsjs.jetstream.pacing import Pacer
 from natsjs.jetstream.schema import DecodeError, Struct, unmarshal
 from natsjs.jetstream.store import OP_ACK, OP_FLOOR, ConsumerState
@@ -143,7 +143,7 @@ class Consumer:
         self._maxpb = FC_START_BYTES
         self._state_changed = False
         self._state_idle = False      # the state loop sleeps until a change wakes it
-        self.paused_until = _pause_ns(cfg)
+        self.paused_until = pause_ns(cfg)
         self._npc = None                    # num pending cache, valid through _npf
         self._npf = 0
         self._now = 0                       # the clock, read once per delivery burst
@@ -1318,7 +1318,7 @@ class Consumer:
         self.cfg = cfg
         self.filters = filters_of(cfg)
         self._bfilters = [f.encode() for f in self.filters]
-        self.paused_until = _pause_ns(cfg)
+        self.paused_until = pause_ns(cfg)
         if old["rate_limit_bps"] != cfg["rate_limit_bps"]:
             if self.pacer is None:
                 self.pacer = Pacer.for_consumer(self)
@@ -1344,16 +1344,6 @@ def _copy_state(st: ConsumerState) -> ConsumerState:
     c.rdc = dict(st.rdc)
     c.acked_ahead = set(st.acked_ahead)
     return c
-
-
-def _pause_ns(cfg: dict) -> int:
-    pu = cfg.get("pause_until")
-    if not pu:
-        return 0
-    try:
-        return parse_rfc3339(pu)
-    except ValueError:
-        return 0
 
 
 # server/jetstream_api.go JSApiConsumerGetNextRequest with its embedded PriorityGroup,

@@ -12,6 +12,7 @@ import itertools
 import re
 
 from natsjs.jetstream.errors import ApiError
+from natsjs.jetstream.jstime import parse_rfc3339
 from natsjs.jetstream.schema import (MAPOF_STRING, Enum, ListOf, Struct, is_empty, merged,
                                      zero_values)
 from natsjs.jetstream.names import name_too_long
@@ -156,6 +157,17 @@ def filters_of(cfg: dict) -> list[str]:
     if cfg.get("filter_subject"):
         return [cfg["filter_subject"]]
     return list(cfg.get("filter_subjects") or [])
+
+
+def pause_ns(cfg: dict) -> int:
+    """When a consumer configuration's ``pause_until`` ends (0: not paused)."""
+    pu = cfg.get("pause_until")
+    if not pu:
+        return 0
+    try:
+        return parse_rfc3339(pu)
+    except ValueError:
+        return 0
 
 
 def required_api_level(cfg: dict) -> int:

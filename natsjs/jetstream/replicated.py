@@ -36,10 +36,13 @@ import trio
 
 from natsjs._core.filelog import FileLog
 from natsjs._core.jsingest import apply_plain, decode_record
+from natsjs.jetstream import catchup
+from natsjs.jetstream.consumer import Consumer
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns
 from natsjs.jetstream.raft import ConfigChangeInProgress, NotLeader, RaftConfig
 from natsjs.jetstream.raft_driver import DirFiles, RaftService, RaftStorage, StateMachine
+from natsjs.jetstream.snapshot import ClusterRestore
 from natsjs.jetstream.store import (META, MSGS, OBS, ConsumerState, MemConsumerStore,
                                     open_message_log, write_json_atomic,
                                     OP_ACK, OP_FLOOR)
@@ -225,7 +228,6 @@ class ReplicatedStream(_Replica):
         cluster.report_damage(repr(self), storage)
         if storage.snapshot is None:
             self._reset_store(None)
-        from natsjs.jetstream import catchup
         self._cu_sub = self.js.subscribe(
             self.server.system_account, b"$JSC.CU.%s" % self.group.encode(),
             lambda *a: catchup.serve(self, *a))
@@ -545,7 +547,6 @@ class ReplicatedStream(_Replica):
         return False
 
     async def _catch_up(self) -> None:
-        from natsjs.jetstream import catchup
         await catchup.fetch(self)
 
     def caught_up(self) -> None:
@@ -656,7 +657,6 @@ class ReplicatedStream(_Replica):
     def leader_ready(self, term: int) -> None:
         if self.awaiting_restore():
             if self._restore is None:
-                from natsjs.jetstream.snapshot import ClusterRestore
                 self._restore = ClusterRestore(self)
                 self._restore.start()
         else:
@@ -701,7 +701,6 @@ class ReplicatedConsumer(_Replica):
             return None
 
     def __init__(self, cluster, srep: ReplicatedStream, ca: dict):
-        from natsjs.jetstream.consumer import Consumer
         self.cluster = cluster
         self.js = cluster.js
         self.server = cluster.server

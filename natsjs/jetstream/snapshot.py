@@ -49,6 +49,10 @@ import trio
 from natsjs._core.s2 import S2Error, S2Reader, S2Writer, crc32c
 from natsjs.jetstream import consumercfg as CC
 from natsjs.jetstream import streamcfg as SC
+from natsjs.jetstream.apicore import (RESTORE_REQUEST, SNAPSHOT_REQUEST, T, check_api_level,
+                                      decode, lookup_stream)
+from natsjs.jetstream.apicore import err as error_reply
+from natsjs.jetstream.consumer import Consumer
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, rfc3339_nano
 from natsjs.jetstream.names import (name_too_long, safe_name, valid_asset_name,
@@ -56,8 +60,8 @@ from natsjs.jetstream.names import (name_too_long, safe_name, valid_asset_name,
 from natsjs.jetstream.schema import DecodeError, decode_struct, loads
 from natsjs.jetstream.store import (META, MSGS, OBS, ConsumerState, FileConsumerStore,
                                     MemConsumerStore, open_message_log, write_json_atomic)
+from natsjs.jetstream.stream import Stream
 
-T = "io.nats.jetstream.api.v1."
 MAGIC = b"NATSJSS1"
 K_META, K_MSG, K_CONSUMER, K_END = b"M", b"m", b"c", b"E"
 _REC = struct.Struct("<cI")          # kind, payload length
@@ -387,19 +391,6 @@ def _state(d: dict) -> dict:
 
 # ---- snapshot ---------------------------------------------------------------------------
 
-SNAPSHOT_REQUEST = None
-
-
-def _snapshot_schema():
-    global SNAPSHOT_REQUEST
-    if SNAPSHOT_REQUEST is None:
-        from natsjs.jetstream.schema import Struct
-        SNAPSHOT_REQUEST = Struct("JSApiStreamSnapshotRequest", {
-            "deliver_subject": "string", "no_consumers": "bool", "chunk_size": "int",
-            "window_size": "int", "jsck": "bool"})
-    return SNAPSHOT_REQUEST
-
-
 def client_info(jsa) -> dict:
     """What advisories say about the requester: natsjs's API does not see the client
     connection, so only the account and server are known."""
@@ -409,18 +400,16 @@ def client_info(jsa) -> dict:
 def snapshot_request(api, jsa, name: str, hdr, body: bytes) -> dict:
     """Answer a snapshot request and start sending the archive."""
     rtype = "stream_snapshot_response"
-    from natsjs.jetstream.api import required_level
     try:
-        if required_level(hdr) > SC.API_LEVEL:
-            raise ApiError.of("JSRequiredApiLevelErr")
+        check_api_level(hdr)
         if not body.strip():
             raise ApiError.of("JSBadRequestErr")
-        stream = api._stream(jsa, name)
-        req = api._decode(body, _snapshot_schema())
+        stream = lookup_stream(jsa, name)
+        req = decode(body, SNAPSHOT_REQUEST)
         if not valid_publish_subject(req.get("deliver_subject") or ""):
             raise ApiError.of("JSSnapshotDeliverSubjectInvalidErr")
-    except ApiError as err:
-        return api._err(rtype, err)
+    except ApiError as exc:
+        return error_reply(rtype, exc)
     st = stream.state()
     cfg = SC.config_json(stream.cfg)
     api.js.spawn(_send_snapshot, api, jsa, stream, req, st)
@@ -549,27 +538,13 @@ async def _stream_chunks(js, acc, stream, req: dict) -> None:
 
 # ---- restore ----------------------------------------------------------------------------
 
-RESTORE_REQUEST = None
-
-
-def _restore_schema():
-    global RESTORE_REQUEST
-    if RESTORE_REQUEST is None:
-        from natsjs.jetstream.schema import RAW, Struct
-        RESTORE_REQUEST = Struct("JSApiStreamRestoreRequest", {
-            "config": SC.STREAM_CONFIG, "state": RAW})
-    return RESTORE_REQUEST
-
-
-def check_restore_request(api, jsa, name: str, hdr, body: bytes, context) -> dict:
+def check_restore_request(name: str, hdr, body: bytes, context) -> dict:
     """The checks of server/jetstream_api.go jsStreamRestoreRequest, common to a single
     server and a cluster's meta leader: the configuration to restore (raises ApiError)."""
-    from natsjs.jetstream.api import required_level
-    if required_level(hdr) > SC.API_LEVEL:
-        raise ApiError.of("JSRequiredApiLevelErr")
+    check_api_level(hdr)
     if not body.strip():
         raise ApiError.of("JSBadRequestErr")
-    req = api._decode(body, _restore_schema())
+    req = decode(body, RESTORE_REQUEST)
     cfg = SC.from_request(req.get("config") or {})
     if not cfg["name"]:
         cfg["name"] = name
@@ -580,22 +555,16 @@ def check_restore_request(api, jsa, name: str, hdr, body: bytes, context) -> dic
     return SC.check_stream_config(cfg, context)
 
 
-def restore_error(api, err: ApiError) -> dict:
-    out = api._err("stream_restore_response", err)
-    out["deliver_subject"] = ""
-    return out
-
-
 def restore_request(api, jsa, name: str, hdr, body: bytes) -> dict:
     """server/jetstream_api.go jsStreamRestoreRequest: check, then open a subject for
     the archive."""
     try:
-        cfg = check_restore_request(api, jsa, name, hdr, body, api._check_context(jsa))
+        cfg = check_restore_request(name, hdr, body, api.check_context(jsa))
         jsa.check_new_stream(cfg)
         if name in jsa.streams:
             raise ApiError.of("JSStreamNameExistRestoreFailedErr")
     except ApiError as e:
-        return restore_error(api, e)
+        return error_reply("stream_restore_response", e)
     session = _Restore(api, jsa, cfg)
     session.start()
     return restore_answer(session)
@@ -712,7 +681,7 @@ class _Restore:
                     ApiError.of("JSStreamRestoreErrF", err=err.description)
             else:
                 e = ApiError.of("JSStreamRestoreErrF", err=str(err))
-            resp = {"type": T + "stream_create_response", "error": e.to_dict()}
+            resp = error_reply("stream_create_response", e)
             log.warn("Restore failed for %d bytes for stream '%s > %s' in %.3fs: %s",
                      self.total, self.jsa.name, self.name, (end - self.start_ns) / 1e9,
                      e.description)
@@ -741,15 +710,15 @@ class _Restore:
         jsa = self.jsa
         cfg = self.cfg
         reader = await self._checked(archive)
-        if cfg["name"] in jsa.streams or cfg["name"] in _installing(self.api):
+        if cfg["name"] in jsa.streams or cfg["name"] in self.api.restoring:
             raise ApiError.of("JSStreamNameExistRestoreFailedErr")
         # Other streams may have been made while the archive came in.
         jsa.check_new_stream(cfg)
-        _installing(self.api).add(cfg["name"])
+        self.api.restoring.add(cfg["name"])
         try:
             return await self._build(archive, reader.meta, reader)
         finally:
-            _installing(self.api).discard(cfg["name"])
+            self.api.restoring.discard(cfg["name"])
 
     async def _read(self, archive: str, reader: ArchiveReader, on_msg) -> None:
         s2 = S2Reader()
@@ -786,8 +755,6 @@ class _Restore:
         store.mark_synced(s)
 
     async def _build(self, archive: str, meta: dict, first_pass: ArchiveReader):
-        from natsjs.jetstream.consumer import Consumer
-        from natsjs.jetstream.stream import Stream
         jsa = self.jsa
         js = self.js
         cfg = self.cfg
@@ -881,13 +848,6 @@ class ClusterRestore(_Restore):
             self.rep.restore_failed()
 
 
-def _installing(api) -> set:
-    s = getattr(api, "_restoring", None)
-    if s is None:
-        s = api._restoring = set()
-    return s
-
-
 def _storage_room(jsa, cfg: dict) -> int:
     """Bytes a restored stream may bring in (account and server limits)."""
     is_mem = cfg["storage"] == "memory"
@@ -915,4 +875,4 @@ def _write_consumer(d: str, cfg: dict, created: int) -> None:
 
 
 __all__ = ["snapshot_request", "restore_request", "archive_records", "ArchiveReader",
-           "ArchiveError", "ClusterRestore", "check_restore_request", "restore_error"]
+           "ArchiveError", "ClusterRestore", "check_restore_request"]
