@@ -83,13 +83,16 @@ class Imports:
                 target = resolve(name, is_package, node.level, node.module)
                 if not target.startswith("natsjs"):
                     continue
-                self._edge(target, node.lineno)
                 for alias in node.names:
                     full = f"{target}.{alias.name}"
                     if full in MODULES:
+                        # `from pkg import mod` runs pkg/__init__ no more than
+                        # `import pkg.mod` does: the edge is to mod.
                         self._edge(full, node.lineno)
                         aliases[alias.asname or alias.name] = full
-                    elif alias.name.startswith("_") and not alias.name.startswith("__"):
+                        continue
+                    self._edge(target, node.lineno)
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
                         self.borrowed.append((node.lineno, full))
         for node in ast.walk(tree):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
