@@ -32,6 +32,8 @@ from natsjs._core.interest import count_interest
 from natsjs._core.sublist import Sublist, Subscription
 from natsjs.auth import AuthConfigError, User, parse_users
 from natsjs.clientinfo import request_info_value, with_request_info
+from natsjs.conf import parse_size
+from natsjs.jetstream.config import parse_account_jetstream
 
 GLOBAL_ACCOUNT = "$G"
 DEFAULT_SYSTEM_ACCOUNT = "$SYS"
@@ -189,8 +191,6 @@ def parse_accounts(value) -> dict[str, AccountConfig]:
             elif lk == "imports":
                 imports = [_parse_import(e) for e in (v or [])]
             elif lk == "jetstream":
-                from natsjs.config import parse_size
-                from natsjs.jetstream.config import parse_account_jetstream
 
                 def unknown(m, key, name=name):
                     raise AuthConfigError("Unknown field %r parsing account %r jetstream"

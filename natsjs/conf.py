@@ -1131,6 +1131,18 @@ def parse_duration(text: str) -> float:
     return (-total if negative else total) / 1e9
 
 
+def parse_size(value) -> int:
+    """``1048576``, ``"1MB"``, ``"64MiB"`` -> bytes, with the config format's suffix rules."""
+    if isinstance(value, bool):
+        raise ValueError("invalid size %r" % value)
+    if isinstance(value, int):
+        return value
+    parsed = parse("v: %s" % str(value).strip()).get("v")
+    if isinstance(parsed, bool) or not isinstance(parsed, int):
+        raise ValueError("invalid size %r" % value)
+    return parsed
+
+
 def to_duration(value: Any) -> float:
     """Seconds for a duration option value, as nats-server's opts.go reads
     it: a string goes through :func:`parse_duration`; an integer is a count

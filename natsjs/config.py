@@ -13,22 +13,13 @@ import random
 import string
 
 from natsjs import conf
+from natsjs._core.sublist import valid_subject
 from natsjs.accounts import check_imports, parse_accounts
 from natsjs.auth import Permissions, User, parse_authorization, parse_permissions
+from natsjs.conf import parse_size
+from natsjs.jetstream.config import parse_jetstream
 from natsjs.options import COMPRESSION_MODES, ClusterOptions, ServerOptions
 from natsjs.tls import TLSConfig
-
-
-def parse_size(value) -> int:
-    """``1048576``, ``"1MB"``, ``"64MiB"`` -> bytes, with the config format's suffix rules."""
-    if isinstance(value, bool):
-        raise ValueError("invalid size %r" % value)
-    if isinstance(value, int):
-        return value
-    parsed = conf.parse("v: %s" % str(value).strip()).get("v")
-    if isinstance(parsed, bool) or not isinstance(parsed, int):
-        raise ValueError("invalid size %r" % value)
-    return parsed
 
 
 def parse_duration(value) -> float:
@@ -89,7 +80,6 @@ def parse_compression(value, path: str = "") -> tuple[str, tuple[float, ...] | N
 def parse_cluster_permissions(value, where: str) -> Permissions:
     """``cluster { permissions { import, export } }`` (opts.go parseCluster): import is
     kept as the publish side, export as the subscribe side, plain subjects only."""
-    from natsjs._core.sublist import valid_subject
     perms = parse_permissions(value)
     if perms.response is not None:
         raise ValueError("%s: Cluster permissions do not support dynamic responses" % where)
@@ -256,7 +246,6 @@ def options_from_mapping(mapping: dict, base: ServerOptions, warn=None,
         elif k == "tls":
             changes["tls"] = TLSConfig.from_conf(value, warn=warn)
         elif k == "jetstream":
-            from natsjs.jetstream.config import parse_jetstream
             js = parse_jetstream(value, parse_size, parse_duration,
                                  lambda m, key: _unknown(m, key, path))
             if js.store_dir and changes.get("store_dir"):

@@ -7,18 +7,17 @@ tests/test_hostile_fuzz.py (generated ones).
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import time
+from functools import partial
 
 import nats
 
 from conftest import ServerProcess, start_natsjs, start_reference
+import helpers
 
-
-def run(coro):
-    return asyncio.run(coro)
+run = partial(helpers.run, timeout=None)
 
 
 async def ask(url: str, requests: list, user: str | None = None) -> list:

@@ -6,6 +6,7 @@ configuration, and checks what nats-py sees.
 import asyncio
 import re
 import socket
+from functools import partial
 
 import nats
 import pytest
@@ -13,6 +14,9 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from conftest import settle, start_natsjs, start_reference
 from test_cluster import cluster_args, procs, start, wait_mesh  # noqa: F401 (fixture)
+import helpers
+
+run = partial(helpers.run, timeout=90)
 
 TIMEOUT = 10
 
@@ -28,10 +32,6 @@ accounts {
   }
 }
 """
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 90))
 
 
 @pytest.mark.parametrize("kind", ["natsjs", "reference"])

@@ -17,15 +17,17 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
+from functools import partial
 
 import pytest
 
 from conftest import reference_server_binary
 from jscluster import DOC_HASH, DOC_PASS, JSCluster
+import helpers
 
 CLI = [sys.executable, "-m", "natsjs.admin"]
 SIZE = 5
+wait_until = partial(helpers.wait_until, interval=0.1)
 
 
 def run_cli(env, *args, input=None, check=True, timeout=60):
@@ -36,17 +38,6 @@ def run_cli(env, *args, input=None, check=True, timeout=60):
         raise AssertionError("natsjs %s failed (%d):\nstdout:\n%s\nstderr:\n%s"
                              % (" ".join(args), p.returncode, p.stdout, p.stderr))
     return p
-
-
-def wait_until(fn, timeout=30.0, interval=0.1, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for %s" % what)
-        time.sleep(interval)
 
 
 class Cluster:

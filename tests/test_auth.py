@@ -3,16 +3,15 @@
 Each scenario runs the same configuration file on natsjs and on the reference
 nats-server, and checks what nats-py sees.
 """
-import asyncio
 import json
 
 import bcrypt
-import nats
 import nkeys
 import pytest
 from nats.errors import TimeoutError as NatsTimeout
 
 from conftest import settle, start_natsjs, start_reference
+from helpers import connect, run
 
 TIMEOUT = 10
 SEED = b"SUAMLK2ZNL35WSMW37E7UD4VZ7ELPKW7DHC3BWBSD2GCZ7IUQQXZIORRBU"
@@ -54,10 +53,6 @@ accounts {
 """ % {"hash": HASH}
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
-
-
 def _server(kind, tmp_path, text):
     path = tmp_path / "server.conf"
     path.write_text(text)
@@ -76,11 +71,6 @@ def accounts_server(request, tmp_path):
     s = _server(request.param, tmp_path, ACCOUNTS)
     yield s
     s.stop()
-
-
-async def connect(server, **kw):
-    kw.setdefault("allow_reconnect", False)
-    return await nats.connect(server.url, **kw)
 
 
 async def refused(server, **kw):

@@ -11,18 +11,26 @@ import re
 import socket
 import time
 import urllib.request
+from functools import partial
 
 import nats
 import pytest
 
 from conftest import start_natsjs, start_reference
+import helpers
+from helpers import connect
 
 TIMEOUT = 15
+run = partial(helpers.run, timeout=90)
 ROUTE_RE = re.compile(rb"Listening for route connections on [^\s:]+:(\d+)")
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 90))
+def wait_until(cond, what, timeout=TIMEOUT):
+    return helpers.wait_until(cond, what, timeout)
+
+
+async def await_until(cond, what, timeout=TIMEOUT):
+    return await helpers.until(cond, what, timeout, step=0.02)
 
 
 def start(kind, *args):
@@ -53,26 +61,6 @@ def http_json(server, path):
         return json.loads(r.read())
 
 
-def wait_until(cond, what, timeout=TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for " + what)
-        time.sleep(0.05)
-
-
-async def await_until(cond, what, timeout=TIMEOUT):
-    """wait_until for code running in the client's event loop."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for " + what)
-        await asyncio.sleep(0.02)
-
-
 def remote_ids(server):
     return {r["remote_id"] for r in http_json(server, "/routez")["routes"]}
 
@@ -86,11 +74,6 @@ def wait_mesh(servers, timeout=TIMEOUT):
     for s in servers:
         want = {ids[o] for o in servers if o is not s}
         wait_until(lambda: want <= remote_ids(s), "full mesh at %s" % ids[s], timeout)
-
-
-async def connect(server, **kw):
-    kw.setdefault("allow_reconnect", False)
-    return await nats.connect(server.url, **kw)
 
 
 async def until_delivered(pub, sub, subject, data=b"ping", timeout=TIMEOUT):

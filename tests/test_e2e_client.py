@@ -11,17 +11,9 @@ import pytest
 from nats.errors import MaxPayloadError, NoRespondersError, TimeoutError as NatsTimeout
 
 from conftest import settle
+from helpers import connect, run
 
 TIMEOUT = 10
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
-
-
-async def connect(server, **kw):
-    kw.setdefault("allow_reconnect", False)
-    return await nats.connect(server.url, **kw)
 
 
 async def collect(sub, n, timeout=TIMEOUT):

@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 import struct
+from functools import partial
 
 import nats
 import pytest
@@ -27,6 +28,9 @@ from hypothesis import strategies as st
 
 from conftest import start_natsjs, start_reference
 from natsjs._core.s2 import S2Writer, crc32c
+import helpers
+
+run = partial(helpers.run, timeout=120)
 
 TIMEOUT = 10
 T = "io.nats.jetstream.api.v1."
@@ -142,10 +146,6 @@ def reference_archive(msgs=(), consumers=(), first_seq=None, last_seq=None) -> b
 
 
 # ---- speaking the restore protocol ------------------------------------------------------
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 120))
-
 
 async def api(nc, subject: str, body=None) -> dict:
     data = b"" if body is None else _js(body)

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+from functools import partial
 
 import nats
 import pytest
@@ -29,12 +30,11 @@ from hypothesis import strategies as st
 from nats.js.api import ConsumerConfig
 
 from conftest import start_natsjs, start_reference
+import helpers
+
+run = partial(helpers.run, timeout=120)
 
 TIMEOUT = 10
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 120))
 
 
 def _stream_dir(store: str, stream: str) -> str:

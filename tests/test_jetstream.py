@@ -20,12 +20,9 @@ from nats.js.api import (AckPolicy, ConsumerConfig, DeliverPolicy, DiscardPolicy
 from nats.js.errors import APIError, BadRequestError, NotFoundError
 
 from conftest import reference_server_binary, start_natsjs, start_reference
+from helpers import run
 
 TIMEOUT = 10
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
 
 
 @pytest.fixture(params=["natsjs", "reference"])

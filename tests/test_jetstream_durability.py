@@ -19,18 +19,18 @@ import shutil
 import signal
 import subprocess
 import time
+from functools import partial
 
 import nats
 import pytest
 from nats.js.api import ConsumerConfig
 
 from conftest import start_natsjs
+import helpers
+
+run = partial(helpers.run, timeout=120)
 
 TIMEOUT = 10
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 120))
 
 
 async def _publish_until_killed(server, stream_subject: str, acked: dict, stop_after: int,

@@ -9,16 +9,18 @@ origin in another account is reached through ``external``.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import time
+from functools import partial
 
 import nats
 import pytest
 
 from conftest import start_natsjs, start_reference
 from test_jetstream import TIMEOUT, connect, js_server, run  # noqa: F401  (fixture)
+import helpers
+
+until = partial(helpers.until, timeout=40.0)
 
 SOURCE_HDR = re.compile(r"^(\S+) (\d+) (\S+) (\S+) (\S+) ([0-9A-Za-z]{8})$")
 
@@ -30,18 +32,6 @@ async def api(nc, subject: str, body=None) -> dict:
 
 async def info(nc, name: str) -> dict:
     return await api(nc, "$JS.API.STREAM.INFO." + name)
-
-
-async def until(cond, timeout: float = 40.0, what: str = "condition"):
-    """Poll ``cond`` (an async callable) until it returns something true."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for " + what)
-        await asyncio.sleep(0.05)
 
 
 async def wait_state(nc, name: str, **want) -> dict:

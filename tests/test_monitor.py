@@ -33,12 +33,9 @@ import nats
 import pytest
 
 from natsjs import monitor
+from helpers import run
 
 TIMEOUT = 10
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
 
 
 def start_pair(natsjs_server, reference_server):

@@ -8,13 +8,10 @@ import nats
 import pytest
 
 from conftest import settle, start_natsjs, start_reference
+from helpers import run
 
 TIMEOUT = 10
 SIGNAL_CMD = [sys.executable, "-m", "natsjs", "--signal"]
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
 
 
 def write(path, text):

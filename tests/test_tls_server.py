@@ -14,6 +14,7 @@ from conftest import start_natsjs, start_reference
 from test_cluster import (cluster_args, connect, http_json, start, until_delivered,
                           wait_mesh, wait_until)
 from test_tls import Certs, _cert, _openssl
+from helpers import run
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl CLI")
 TIMEOUT = 10
@@ -38,10 +39,6 @@ def ctx(pki, cert=None):
     if cert:
         c.load_cert_chain(getattr(pki, cert + "_pem"), getattr(pki, cert + "_key"))
     return c
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
 
 
 @pytest.mark.parametrize("kind", ["natsjs", "reference"])

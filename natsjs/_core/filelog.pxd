@@ -39,10 +39,6 @@ ctypedef struct FilterC:
     uint32_t nbits
 
 
-# XXH64 (seed given), shared with the Raft log's entry and message checksums (raftlog.pyx).
-cdef uint64_t xxh64_c(const uint8_t* p, size_t n, uint64_t seed) noexcept nogil
-
-
 cdef class Block:
     cdef readonly uint32_t index
     cdef object path

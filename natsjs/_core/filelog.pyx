@@ -56,6 +56,9 @@ from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memset, memcmp, memchr, memmove
 from posix.unistd cimport pread, pwrite, fdatasync, fsync, close, dup
 
+from natsjs._core.byteorder cimport ld16, ld32, ld64, st16, st32, st64
+from natsjs._core.xxhash cimport xxh64_c
+
 from natsjs._core.s2 import encode_block, decode_block, S2Error
 
 cdef enum:
@@ -114,94 +117,6 @@ def replace_file(path, data):
         except OSError:
             pass
         raise
-
-
-# ---- little-endian fields ---------------------------------------------------------
-
-cdef inline uint16_t ld16(const uint8_t* p) noexcept nogil:
-    return <uint16_t>(p[0] | (<uint16_t>p[1] << 8))
-
-cdef inline uint32_t ld32(const uint8_t* p) noexcept nogil:
-    return (<uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16)
-            | (<uint32_t>p[3] << 24))
-
-cdef inline uint64_t ld64(const uint8_t* p) noexcept nogil:
-    return <uint64_t>ld32(p) | (<uint64_t>ld32(p + 4) << 32)
-
-cdef inline void st16(uint8_t* p, uint16_t v) noexcept nogil:
-    p[0] = <uint8_t>v
-    p[1] = <uint8_t>(v >> 8)
-
-cdef inline void st32(uint8_t* p, uint32_t v) noexcept nogil:
-    p[0] = <uint8_t>v
-    p[1] = <uint8_t>(v >> 8)
-    p[2] = <uint8_t>(v >> 16)
-    p[3] = <uint8_t>(v >> 24)
-
-cdef inline void st64(uint8_t* p, uint64_t v) noexcept nogil:
-    st32(p, <uint32_t>v)
-    st32(p + 4, <uint32_t>(v >> 32))
-
-
-# ---- XXH64 (the algorithm as specified by its author, seed 0 for records) ----------
-
-cdef uint64_t P1 = 0x9E3779B185EBCA87ULL
-cdef uint64_t P2 = 0xC2B2AE3D27D4EB4FULL
-cdef uint64_t P3 = 0x165667B19E3779F9ULL
-cdef uint64_t P4 = 0x85EBCA77C2B2AE63ULL
-cdef uint64_t P5 = 0x27D4EB2F165667C5ULL
-
-cdef inline uint64_t rotl(uint64_t x, int r) noexcept nogil:
-    return (x << r) | (x >> (64 - r))
-
-cdef inline uint64_t xround(uint64_t acc, uint64_t lane) noexcept nogil:
-    acc = acc + lane * P2
-    return rotl(acc, 31) * P1
-
-cdef inline uint64_t xmerge(uint64_t acc, uint64_t v) noexcept nogil:
-    acc = acc ^ xround(0, v)
-    return acc * P1 + P4
-
-cdef uint64_t xxh64_c(const uint8_t* p, size_t n, uint64_t seed) noexcept nogil:
-    cdef const uint8_t* end = p + n
-    cdef uint64_t v1, v2, v3, v4, h
-    if n >= 32:
-        v1 = seed + P1 + P2
-        v2 = seed + P2
-        v3 = seed
-        v4 = seed - P1
-        while p + 32 <= end:
-            v1 = xround(v1, ld64(p))
-            v2 = xround(v2, ld64(p + 8))
-            v3 = xround(v3, ld64(p + 16))
-            v4 = xround(v4, ld64(p + 24))
-            p += 32
-        h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18)
-        h = xmerge(h, v1)
-        h = xmerge(h, v2)
-        h = xmerge(h, v3)
-        h = xmerge(h, v4)
-    else:
-        h = seed + P5
-    h += <uint64_t>n
-    while p + 8 <= end:
-        h ^= xround(0, ld64(p))
-        h = rotl(h, 27) * P1 + P4
-        p += 8
-    if p + 4 <= end:
-        h ^= <uint64_t>ld32(p) * P1
-        h = rotl(h, 23) * P2 + P3
-        p += 4
-    while p < end:
-        h ^= <uint64_t>p[0] * P5
-        h = rotl(h, 11) * P1
-        p += 1
-    h ^= h >> 33
-    h *= P2
-    h ^= h >> 29
-    h *= P3
-    h ^= h >> 32
-    return h
 
 
 def xxh64(data, uint64_t seed=0):

@@ -18,28 +18,13 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
+from natsjs._core.byteorder cimport ld16, ld32, ld64
 from natsjs._core.fanout cimport ClientCore
 from natsjs._core.filelog cimport FilterC, _Filter, _Log
 
 DEF REC_HDR = 32          # filelog record header (see _Log.record_ptr)
 DEF REC_SUM = 8
 DEF ACK_MAX = 512
-
-
-cdef inline uint64_t _ld64(const uint8_t* p) noexcept nogil:
-    cdef uint64_t v
-    memcpy(&v, p, 8)
-    return v
-
-
-cdef inline uint32_t _ld32(const uint8_t* p) noexcept nogil:
-    cdef uint32_t v
-    memcpy(&v, p, 4)
-    return v
-
-
-cdef inline uint32_t _ld16(const uint8_t* p) noexcept nogil:
-    return p[0] | (<uint32_t>p[1] << 8)
 
 
 cdef inline char* _put_u64(char* p, uint64_t v) noexcept nogil:
@@ -95,9 +80,9 @@ def deliver_run(_Log log, ClientCore pub, bytes route_subject, bytes ack_prefix,
         if rec == NULL:              # a corrupt record: reported by the log, skipped
             seq = nseq + 1
             continue
-        slen = _ld16(rec + 2)
-        ts = <int64_t>_ld64(rec + 16)
-        hlen = _ld32(rec + 24)
+        slen = ld16(rec + 2)
+        ts = <int64_t>ld64(rec + 16)
+        hlen = ld32(rec + 24)
         p = ack + plen
         p[0] = c'1'
         p[1] = c'.'

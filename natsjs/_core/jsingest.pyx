@@ -28,6 +28,7 @@ from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
 
+from natsjs._core.byteorder cimport ld32, ld64, st16, st32, st64
 from natsjs._core.fanout cimport Conn, Sink
 from natsjs._core.filelog cimport _Log
 
@@ -52,32 +53,6 @@ cdef inline int64_t _now_ns() noexcept nogil:
 # then the subject, the headers and the payload.  Little endian, as the Raft log.
 DEF REC = 18
 DEF NO_HDR = 0xFFFFFFFF
-
-
-cdef inline void _st16(uint8_t* p, uint16_t v) noexcept nogil:
-    p[0] = v & 0xFF
-    p[1] = v >> 8
-
-
-cdef inline void _st32(uint8_t* p, uint32_t v) noexcept nogil:
-    cdef int i
-    for i in range(4):
-        p[i] = (v >> (8 * i)) & 0xFF
-
-
-cdef inline void _st64(uint8_t* p, uint64_t v) noexcept nogil:
-    cdef int i
-    for i in range(8):
-        p[i] = (v >> (8 * i)) & 0xFF
-
-
-cdef inline uint32_t _ld32(const uint8_t* p) noexcept nogil:
-    return <uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | \
-        (<uint32_t>p[3] << 24)
-
-
-cdef inline uint64_t _ld64(const uint8_t* p) noexcept nogil:
-    return <uint64_t>_ld32(p) | (<uint64_t>_ld32(p + 4) << 32)
 
 
 cdef class StreamSink(Sink):
@@ -135,9 +110,9 @@ cdef class StreamSink(Sink):
             return None, []
         while off < self.blen:
             rlen = REC + (<Py_ssize_t>self.bbuf[off + 8] | (<Py_ssize_t>self.bbuf[off + 9] << 8))
-            if _ld32(self.bbuf + off + 10) != NO_HDR:
-                rlen += _ld32(self.bbuf + off + 10)
-            rlen += _ld32(self.bbuf + off + 14)
+            if ld32(self.bbuf + off + 10) != NO_HDR:
+                rlen += ld32(self.bbuf + off + 10)
+            rlen += ld32(self.bbuf + off + 14)
             if n and off + rlen > max_bytes:
                 break
             off += rlen
@@ -166,10 +141,10 @@ cdef class StreamSink(Sink):
                 raise MemoryError()
             self.bbuf = p
         p = self.bbuf + self.blen
-        _st64(p, <uint64_t>_now_ns())
-        _st16(p + 8, <uint16_t>slen)
-        _st32(p + 10, <uint32_t>hdr if hdr >= 0 else NO_HDR)
-        _st32(p + 14, <uint32_t>(size - hdr if hdr >= 0 else size))
+        st64(p, <uint64_t>_now_ns())
+        st16(p + 8, <uint16_t>slen)
+        st32(p + 10, <uint32_t>hdr if hdr >= 0 else NO_HDR)
+        st32(p + 14, <uint32_t>(size - hdr if hdr >= 0 else size))
         memcpy(p + REC, subj, slen)
         memcpy(p + REC + slen, msg, size)
         self.blen += need
@@ -223,14 +198,14 @@ def apply_plain(_Log log, bytes data, Py_ssize_t off):
     cdef uint64_t seq, first = 0
     cdef Py_ssize_t n = 0
     while off + REC <= end:
-        if _ld32(p + off + 10) != NO_HDR:
+        if ld32(p + off + 10) != NO_HDR:
             break
         slen = <Py_ssize_t>p[off + 8] | (<Py_ssize_t>p[off + 9] << 8)
-        mlen = _ld32(p + off + 14)
+        mlen = ld32(p + off + 14)
         if off + REC + slen + mlen > end:
             raise ValueError("truncated batch record at %d" % off)
         seq = log.append_c(p + off + REC, slen, NULL, 0, p + off + REC + slen, mlen,
-                           <int64_t>_ld64(p + off), 0)
+                           <int64_t>ld64(p + off), 0)
         if n == 0:
             first = seq
         n += 1
@@ -246,8 +221,8 @@ def decode_record(bytes data, Py_ssize_t off):
     if off + REC > end:
         raise ValueError("truncated batch record at %d" % off)
     slen = <Py_ssize_t>p[off + 8] | (<Py_ssize_t>p[off + 9] << 8)
-    hlen = _ld32(p + off + 10)
-    mlen = _ld32(p + off + 14)
+    hlen = ld32(p + off + 10)
+    mlen = ld32(p + off + 14)
     if hlen == NO_HDR:
         hlen = -1
     if off + REC + slen + max(hlen, 0) + mlen > end:
@@ -260,7 +235,7 @@ def decode_record(bytes data, Py_ssize_t off):
         hdr = PyBytes_FromStringAndSize(<const char*>p + q, hlen)
         q += hlen
     msg = PyBytes_FromStringAndSize(<const char*>p + q, mlen)
-    return q + mlen, <int64_t>_ld64(p + off), subject, hdr, msg
+    return q + mlen, <int64_t>ld64(p + off), subject, hdr, msg
 
 
 def count_records(bytes data, Py_ssize_t off):
@@ -269,8 +244,8 @@ def count_records(bytes data, Py_ssize_t off):
     cdef Py_ssize_t end = PyBytes_GET_SIZE(data)
     cdef Py_ssize_t n = 0, hlen
     while off + REC <= end:
-        hlen = _ld32(p + off + 10)
+        hlen = ld32(p + off + 10)
         off += REC + (<Py_ssize_t>p[off + 8] | (<Py_ssize_t>p[off + 9] << 8)) + \
-            _ld32(p + off + 14) + (0 if hlen == NO_HDR else hlen)
+            ld32(p + off + 14) + (0 if hlen == NO_HDR else hlen)
         n += 1
     return n

@@ -34,7 +34,8 @@ from libc.string cimport memcpy
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 
-from natsjs._core.filelog cimport xxh64_c
+from natsjs._core.byteorder cimport ld16, ld32, ld64, st16, st32, st64
+from natsjs._core.xxhash cimport xxh64_c
 
 # Entry types.
 ENTRY_NORMAL = 0   # application data
@@ -69,40 +70,7 @@ class RaftCodecError(ValueError):
     """A Raft entry or message that is truncated, oversized or fails its checksum."""
 
 
-# ---- little-endian fields and the checksum ----------------------------------------------
-
-cdef inline uint64_t _rd64(const uint8_t* p) noexcept nogil:
-    return (<uint64_t>p[0] | (<uint64_t>p[1] << 8) | (<uint64_t>p[2] << 16) |
-            (<uint64_t>p[3] << 24) | (<uint64_t>p[4] << 32) | (<uint64_t>p[5] << 40) |
-            (<uint64_t>p[6] << 48) | (<uint64_t>p[7] << 56))
-
-
-cdef inline uint32_t _rd32(const uint8_t* p) noexcept nogil:
-    return (<uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) |
-            (<uint32_t>p[3] << 24))
-
-
-cdef inline uint16_t _rd16(const uint8_t* p) noexcept nogil:
-    return <uint16_t>(p[0] | (p[1] << 8))
-
-
-cdef inline void _wr64(uint8_t* p, uint64_t v) noexcept nogil:
-    cdef int i
-    for i in range(8):
-        p[i] = <uint8_t>(v >> (8 * i))
-
-
-cdef inline void _wr32(uint8_t* p, uint32_t v) noexcept nogil:
-    p[0] = <uint8_t>v
-    p[1] = <uint8_t>(v >> 8)
-    p[2] = <uint8_t>(v >> 16)
-    p[3] = <uint8_t>(v >> 24)
-
-
-cdef inline void _wr16(uint8_t* p, uint16_t v) noexcept nogil:
-    p[0] = <uint8_t>v
-    p[1] = <uint8_t>(v >> 8)
-
+# ---- the checksum (xxhash.pxd) ---------------------------------------------------------
 
 def xxh64(data, uint64_t seed=0):
     """XXH64 of a bytes-like object (the checksum the entry and message formats use)."""
@@ -117,7 +85,7 @@ def xxh64(data, uint64_t seed=0):
 
 
 cdef inline uint32_t _check(const uint8_t* p, size_t n) noexcept nogil:
-    # the file log's XXH64, so the project has one implementation of it
+    # the low half of the one XXH64 (xxhash.pxd) the file log uses too
     return <uint32_t>(xxh64_c(p, n, 0) & 0xFFFFFFFFULL)
 
 
@@ -137,12 +105,12 @@ cpdef bytes encode_entry(int etype, uint64_t term, uint64_t index, data):
         out = PyBytes_FromStringAndSize(NULL, _ENTRY_HDR + n + 4)
         p = <uint8_t*>PyBytes_AS_STRING(out)
         p[0] = <uint8_t>etype
-        _wr64(p + 1, term)
-        _wr64(p + 9, index)
-        _wr32(p + 17, <uint32_t>n)
+        st64(p + 1, term)
+        st64(p + 9, index)
+        st32(p + 17, <uint32_t>n)
         if n:
             memcpy(p + _ENTRY_HDR, view.buf, n)
-        _wr32(p + _ENTRY_HDR + n, _check(p, _ENTRY_HDR + n))
+        st32(p + _ENTRY_HDR + n, _check(p, _ENTRY_HDR + n))
     finally:
         PyBuffer_Release(&view)
     return out
@@ -155,10 +123,10 @@ cdef size_t _entry_size(const uint8_t* p, size_t avail) except? 0:
         raise RaftCodecError("truncated entry header")
     if p[0] > 2:
         raise RaftCodecError("unknown entry type %d" % p[0])
-    n = _rd32(p + 17)
+    n = ld32(p + 17)
     if n > avail - _ENTRY_HDR - 4:
         raise RaftCodecError("truncated entry data")
-    if _rd32(p + _ENTRY_HDR + n) != _check(p, _ENTRY_HDR + n):
+    if ld32(p + _ENTRY_HDR + n) != _check(p, _ENTRY_HDR + n):
         raise RaftCodecError("entry checksum mismatch")
     return _ENTRY_HDR + n + 4
 
@@ -169,7 +137,7 @@ cpdef tuple decode_entry(bytes entry):
     cdef size_t n = _entry_size(p, len(entry))
     if n != <size_t>len(entry):
         raise RaftCodecError("trailing bytes after entry")
-    return (p[0], _rd64(p + 1), _rd64(p + 9),
+    return (p[0], ld64(p + 1), ld64(p + 9),
             PyBytes_FromStringAndSize(<char*>p + _ENTRY_HDR, n - _ENTRY_HDR - 4))
 
 
@@ -177,7 +145,7 @@ cpdef uint64_t entry_term(bytes entry) except? 0:
     """The term of an entry that was already checked (read from the header only)."""
     if len(entry) < _ENTRY_HDR:
         raise RaftCodecError("truncated entry header")
-    return _rd64(<const uint8_t*>PyBytes_AS_STRING(entry) + 1)
+    return ld64(<const uint8_t*>PyBytes_AS_STRING(entry) + 1)
 
 
 cpdef int entry_type(bytes entry) except -1:
@@ -199,10 +167,10 @@ cpdef bytes encode_peers(peers):
         raise RaftCodecError("too many peers")
     cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
     cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(out)
-    _wr16(p, <uint16_t>len(encoded))
+    st16(p, <uint16_t>len(encoded))
     p += 2
     for e in encoded:
-        _wr16(p, <uint16_t>len(e))
+        st16(p, <uint16_t>len(e))
         memcpy(p + 2, PyBytes_AS_STRING(e), len(e))
         p += 2 + len(e)
     return out
@@ -213,11 +181,11 @@ cdef tuple _read_peers(const uint8_t* p, size_t avail, size_t* used):
     cdef list out = []
     if avail < 2:
         raise RaftCodecError("truncated peer list")
-    count = _rd16(p)
+    count = ld16(p)
     for i in range(count):
         if off + 2 > avail:
             raise RaftCodecError("truncated peer list")
-        n = _rd16(p + off)
+        n = ld16(p + off)
         if off + 2 + n > avail:
             raise RaftCodecError("truncated peer id")
         out.append((<bytes>PyBytes_FromStringAndSize(<char*>p + off + 2, n)).decode())
@@ -268,12 +236,12 @@ cdef inline uint8_t* _put_header(uint8_t* p, int mtype, int flags, uint64_t term
                                  uint64_t commit, uint64_t hint):
     p[0] = <uint8_t>mtype
     p[1] = <uint8_t>flags
-    _wr64(p + 2, term)
-    _wr64(p + 10, index)
-    _wr64(p + 18, log_term)
-    _wr64(p + 26, commit)
-    _wr64(p + 34, hint)
-    _wr16(p + 42, <uint16_t>len(sender))
+    st64(p + 2, term)
+    st64(p + 10, index)
+    st64(p + 18, log_term)
+    st64(p + 26, commit)
+    st64(p + 34, hint)
+    st16(p + 42, <uint16_t>len(sender))
     memcpy(p + _MSG_HDR, PyBytes_AS_STRING(sender), len(sender))
     return p + _MSG_HDR + len(sender)
 
@@ -288,7 +256,7 @@ cpdef bytes encode_message(int mtype, int flags, uint64_t term, bytes sender,
     cdef bytes out = PyBytes_FromStringAndSize(NULL, n + 4)
     cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(out)
     _put_header(p, mtype, flags, term, sender, index, log_term, commit, hint)
-    _wr32(p + n, _check(p, n))
+    st32(p + n, _check(p, n))
     return out
 
 
@@ -305,12 +273,12 @@ cpdef bytes encode_append(uint64_t term, bytes sender, uint64_t prev_index,
     cdef uint8_t* base = <uint8_t*>PyBytes_AS_STRING(out)
     cdef uint8_t* p = _put_header(base, MSG_APPEND, 0, term, sender, prev_index, prev_term,
                                   commit, 0)
-    _wr32(p, <uint32_t>len(entries))
+    st32(p, <uint32_t>len(entries))
     p += 4
     for e in entries:
         memcpy(p, PyBytes_AS_STRING(<bytes>e), len(<bytes>e))
         p += len(<bytes>e)
-    _wr32(p, _check(base, n))
+    st32(p, _check(base, n))
     return out
 
 
@@ -327,10 +295,10 @@ cpdef bytes encode_snapshot(uint64_t term, bytes sender, uint64_t snap_index,
                                   snap_index, snap_term, commit, offset)
     memcpy(p, PyBytes_AS_STRING(peers), len(peers))
     p += len(peers)
-    _wr32(p, <uint32_t>len(chunk))
+    st32(p, <uint32_t>len(chunk))
     memcpy(p + 4, PyBytes_AS_STRING(chunk), len(chunk))
     p += 4 + len(chunk)
-    _wr32(p, _check(base, n))
+    st32(p, _check(base, n))
     return out
 
 
@@ -348,34 +316,34 @@ cpdef Message decode_message(data):
         n = <size_t>view.len
         if n < _MSG_HDR + 4:
             raise RaftCodecError("truncated message header")
-        if _rd32(p + n - 4) != _check(p, n - 4):
+        if ld32(p + n - 4) != _check(p, n - 4):
             raise RaftCodecError("message checksum mismatch")
         n -= 4
         if p[0] < 1 or p[0] > _MAX_TYPE:
             raise RaftCodecError("unknown message type %d" % p[0])
-        slen = _rd16(p + 42)
+        slen = ld16(p + 42)
         if _MSG_HDR + slen > n:
             raise RaftCodecError("truncated sender")
         m = Message.__new__(Message)
         m.type = p[0]
         m.flags = p[1]
-        m.term = _rd64(p + 2)
-        m.index = _rd64(p + 10)
-        m.log_term = _rd64(p + 18)
-        m.commit = _rd64(p + 26)
-        m.hint = _rd64(p + 34)
+        m.term = ld64(p + 2)
+        m.index = ld64(p + 10)
+        m.log_term = ld64(p + 18)
+        m.commit = ld64(p + 26)
+        m.hint = ld64(p + 34)
         m.sender = (<bytes>PyBytes_FromStringAndSize(<char*>p + _MSG_HDR, slen)).decode()
         off = _MSG_HDR + slen
         if m.type == MSG_APPEND:
             if off + 4 > n:
                 raise RaftCodecError("truncated entry count")
-            count = _rd32(p + off)
+            count = ld32(p + off)
             off += 4
             entries = []
             expect = m.index + 1
             for i in range(count):
                 esz = _entry_size(p + off, n - off)
-                if _rd64(p + off + 9) != expect:
+                if ld64(p + off + 9) != expect:
                     raise RaftCodecError("entry index out of sequence")
                 entries.append(PyBytes_FromStringAndSize(<char*>p + off, esz))
                 off += esz
@@ -386,7 +354,7 @@ cpdef Message decode_message(data):
             off += used
             if off + 4 > n:
                 raise RaftCodecError("truncated snapshot chunk")
-            esz = _rd32(p + off)
+            esz = ld32(p + off)
             if off + 4 + esz > n:
                 raise RaftCodecError("truncated snapshot chunk")
             m.data = PyBytes_FromStringAndSize(<char*>p + off + 4, esz)
@@ -445,7 +413,7 @@ cdef class TermRuns:
             if len(<bytes>e) < _ENTRY_HDR:
                 raise RaftCodecError("truncated entry header")
             p = <const uint8_t*>PyBytes_AS_STRING(<bytes>e)
-            self.append(i, _rd64(p + 1))
+            self.append(i, ld64(p + 1))
             if p[0] == 2:
                 configs.append(k)
             i += 1

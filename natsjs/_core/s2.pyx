@@ -44,6 +44,8 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy, memset, memcmp
 
+from natsjs._core.byteorder cimport ld32, ld64, st32
+
 cdef extern from *:
     """
     static inline int natsjs_s2_ctz64(unsigned long long x) { return __builtin_ctzll(x); }
@@ -100,25 +102,6 @@ cdef int _parse_level(object level) except -1:
 
 
 # ----------------------------------------------------------------------------------------
-# Little-endian loads.  Written as byte assembly so the code is endian-neutral; compilers
-# fold the pattern into one unaligned load on little-endian targets.
-
-cdef inline uint32_t _ld32(const uint8_t* p) noexcept nogil:
-    return (<uint32_t>p[0]) | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
-
-
-cdef inline uint64_t _ld64(const uint8_t* p) noexcept nogil:
-    return (<uint64_t>_ld32(p)) | (<uint64_t>_ld32(p + 4) << 32)
-
-
-cdef inline void _st32(uint8_t* p, uint32_t v) noexcept nogil:
-    p[0] = <uint8_t>v
-    p[1] = <uint8_t>(v >> 8)
-    p[2] = <uint8_t>(v >> 16)
-    p[3] = <uint8_t>(v >> 24)
-
-
-# ----------------------------------------------------------------------------------------
 # CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), slicing-by-8: eight tables let
 # the loop fold 8 input bytes per step instead of one.
 
@@ -150,8 +133,8 @@ cdef inline uint32_t _crc32c(uint32_t crc, const uint8_t* p, size_t n) noexcept 
     cdef uint32_t lo, hi
     crc = ~crc
     while n >= 8:
-        lo = _ld32(p) ^ crc
-        hi = _ld32(p + 4)
+        lo = ld32(p) ^ crc
+        hi = ld32(p + 4)
         crc = (_CRC[7][lo & 0xFF] ^ _CRC[6][(lo >> 8) & 0xFF] ^
                _CRC[5][(lo >> 16) & 0xFF] ^ _CRC[4][lo >> 24] ^
                _CRC[3][hi & 0xFF] ^ _CRC[2][(hi >> 8) & 0xFF] ^
@@ -242,7 +225,7 @@ cdef int _decode_body(const uint8_t* src, size_t slen, uint8_t* dst, size_t dlen
             else:
                 if slen - s < 5:
                     return 1
-                x = _ld32(src + s + 1)
+                x = ld32(src + s + 1)
                 s += 5
             length = <size_t>x + 1
             if length > dlen - d or length > slen - s:
@@ -288,7 +271,7 @@ cdef int _decode_body(const uint8_t* src, size_t slen, uint8_t* dst, size_t dlen
             if slen - s < 5:
                 return 1
             length = (tag >> 2) + 1
-            offset = _ld32(src + s + 1)
+            offset = ld32(src + s + 1)
             s += 5
         if offset == 0 or offset > d or length > dlen - d:
             return 1
@@ -340,7 +323,7 @@ cdef inline size_t _emit_literal(uint8_t* dst, const uint8_t* lit, size_t n) noe
         i = 4
     else:
         dst[0] = 63 << 2
-        _st32(dst + 1, <uint32_t>m)
+        st32(dst + 1, <uint32_t>m)
         i = 5
     memcpy(dst + i, lit, n)
     return i + n
@@ -402,7 +385,7 @@ cdef inline size_t _emit_copy_short(uint8_t* dst, size_t offset, size_t length) 
         dst[2] = <uint8_t>(offset >> 8)
         return 3
     dst[0] = <uint8_t>(((length - 1) << 2) | 3)
-    _st32(dst + 1, <uint32_t>offset)
+    st32(dst + 1, <uint32_t>offset)
     return 5
 
 
@@ -443,7 +426,7 @@ cdef inline size_t _match_len(const uint8_t* a, const uint8_t* b, size_t limit) 
     cdef size_t i = 0
     cdef uint64_t x
     while i + 8 <= limit:
-        x = _ld64(a + i) ^ _ld64(b + i)
+        x = ld64(a + i) ^ ld64(b + i)
         if x != 0:
             return i + (<size_t>ctz64(x) >> 3)
         i += 8
@@ -498,7 +481,7 @@ cdef size_t _enc_fast(uint8_t* dst, const uint8_t* src, size_t n, uint32_t* tabl
     cdef uint32_t h0, h1, h2
     cdef bint found, stop = False
     memset(table, 0, (<size_t>1 << tb) * sizeof(uint32_t))
-    cv = _ld64(src + s)
+    cv = ld64(src + s)
     while True:
         found = False
         while True:
@@ -511,7 +494,7 @@ cdef size_t _enc_fast(uint8_t* dst, const uint8_t* src, size_t n, uint32_t* tabl
             cand1 = table[h1]
             table[h0] = <uint32_t>s
             table[h1] = <uint32_t>(s + 1)
-            if last_off != 0 and <uint32_t>(cv >> 8) == _ld32(src + s + 1 - last_off):
+            if last_off != 0 and <uint32_t>(cv >> 8) == ld32(src + s + 1 - last_off):
                 base = s + 1
                 cand = base - last_off
                 while base > next_emit and cand > 0 and src[base - 1] == src[cand - 1]:
@@ -528,26 +511,26 @@ cdef size_t _enc_fast(uint8_t* dst, const uint8_t* src, size_t n, uint32_t* tabl
                     break
                 if d > dst_limit:
                     return 0
-                cv = _ld64(src + s)
+                cv = ld64(src + s)
                 continue
-            if <uint32_t>cv == _ld32(src + cand):
+            if <uint32_t>cv == ld32(src + cand):
                 found = True
                 break
             h2 = _h6(cv >> 16, tb)
             cand2 = table[h2]
             table[h2] = <uint32_t>(s + 2)
-            if <uint32_t>(cv >> 8) == _ld32(src + cand1):
+            if <uint32_t>(cv >> 8) == ld32(src + cand1):
                 s += 1
                 cand = cand1
                 found = True
                 break
-            if <uint32_t>(cv >> 16) == _ld32(src + cand2):
+            if <uint32_t>(cv >> 16) == ld32(src + cand2):
                 s += 2
                 cand = cand2
                 found = True
                 break
             s = next_s
-            cv = _ld64(src + s)
+            cv = ld64(src + s)
         if not found:
             break
         while cand > 0 and s > next_emit and src[cand - 1] == src[s - 1]:
@@ -575,16 +558,16 @@ cdef size_t _enc_fast(uint8_t* dst, const uint8_t* src, size_t n, uint32_t* tabl
             # recent copy of any part of them.
             i = base + 1
             while i < e - 2:
-                table[_h6(_ld64(src + i), tb)] = <uint32_t>i
+                table[_h6(ld64(src + i), tb)] = <uint32_t>i
                 i += 4
-            x = _ld64(src + s - 2)
+            x = ld64(src + s - 2)
             table[_h6(x, tb)] = <uint32_t>(s - 2)
             h0 = _h6(x >> 16, tb)
             cand = table[h0]
             table[h0] = <uint32_t>s
-            if <uint32_t>(x >> 16) != _ld32(src + cand):
+            if <uint32_t>(x >> 16) != ld32(src + cand):
                 s += 1
-                cv = _ld64(src + s)
+                cv = ld64(src + s)
                 break
         if stop:
             break
@@ -606,10 +589,10 @@ cdef inline void _index_better(uint32_t* ltab, uint32_t* stab, int lb, int sb,
                                const uint8_t* src, size_t base, size_t e) noexcept nogil:
     # Caller guarantees e + 8 <= n, so every load here stays in bounds.
     cdef size_t i, j, last
-    ltab[_h7(_ld64(src + base + 1), lb)] = <uint32_t>(base + 1)
-    stab[_h4(_ld64(src + base + 2), sb)] = <uint32_t>(base + 2)
-    ltab[_h7(_ld64(src + e - 2), lb)] = <uint32_t>(e - 2)
-    stab[_h4(_ld64(src + e - 1), sb)] = <uint32_t>(e - 1)
+    ltab[_h7(ld64(src + base + 1), lb)] = <uint32_t>(base + 1)
+    stab[_h4(ld64(src + base + 2), sb)] = <uint32_t>(base + 2)
+    ltab[_h7(ld64(src + e - 2), lb)] = <uint32_t>(e - 2)
+    stab[_h4(ld64(src + e - 1), sb)] = <uint32_t>(e - 1)
     # Every other position inside the match goes into the long table (and the one
     # after it into the short table), walked from both halves at once: records that
     # repeat (JSON keys, log prefixes) then find their earlier copies wherever a
@@ -618,10 +601,10 @@ cdef inline void _index_better(uint32_t* ltab, uint32_t* stab, int lb, int sb,
     last = e - 3
     j = (i + last + 1) >> 1
     while j < last:
-        ltab[_h7(_ld64(src + i), lb)] = <uint32_t>i
-        ltab[_h7(_ld64(src + j), lb)] = <uint32_t>j
-        stab[_h4(_ld64(src + i + 1), sb)] = <uint32_t>(i + 1)
-        stab[_h4(_ld64(src + j + 1), sb)] = <uint32_t>(j + 1)
+        ltab[_h7(ld64(src + i), lb)] = <uint32_t>i
+        ltab[_h7(ld64(src + j), lb)] = <uint32_t>j
+        stab[_h4(ld64(src + i + 1), sb)] = <uint32_t>(i + 1)
+        stab[_h4(ld64(src + j + 1), sb)] = <uint32_t>(j + 1)
         i += 2
         j += 2
 
@@ -640,7 +623,7 @@ cdef size_t _enc_better(uint8_t* dst, const uint8_t* src, size_t n, uint32_t* wo
     cdef uint32_t hl, hs, h1
     cdef bint found
     memset(work, 0, ((<size_t>1 << lb) + (<size_t>1 << sb)) * sizeof(uint32_t))
-    cv = _ld64(src + s)
+    cv = ld64(src + s)
     while True:
         found = False
         while True:
@@ -656,10 +639,10 @@ cdef size_t _enc_better(uint8_t* dst, const uint8_t* src, size_t n, uint32_t* wo
             blen = 0
             # Table slots may hold s itself (written a step earlier as "s + 1"); only
             # strictly earlier positions make a valid offset.
-            if cl < s and _ld32(src + cl) == <uint32_t>cv:
+            if cl < s and ld32(src + cl) == <uint32_t>cv:
                 blen = 4 + _match_len(src + s + 4, src + cl + 4, n - s - 4)
                 cand = cl
-            if cs < s and cs != cl and _ld32(src + cs) == <uint32_t>cv:
+            if cs < s and cs != cl and ld32(src + cs) == <uint32_t>cv:
                 l = 4 + _match_len(src + s + 4, src + cs + 4, n - s - 4)
                 if l > blen:
                     blen = l
@@ -667,7 +650,7 @@ cdef size_t _enc_better(uint8_t* dst, const uint8_t* src, size_t n, uint32_t* wo
             h1 = _h7(cv >> 8, lb)
             c1 = ltab[h1]
             ltab[h1] = <uint32_t>(s + 1)
-            if c1 < s + 1 and _ld32(src + c1) == <uint32_t>(cv >> 8):
+            if c1 < s + 1 and ld32(src + c1) == <uint32_t>(cv >> 8):
                 l = 4 + _match_len(src + s + 5, src + c1 + 4, n - s - 5)
                 # Starting a byte later costs a literal, so demand more than that back.
                 if l > blen + 1:
@@ -678,7 +661,7 @@ cdef size_t _enc_better(uint8_t* dst, const uint8_t* src, size_t n, uint32_t* wo
                 found = True
                 break
             s = next_s
-            cv = _ld64(src + s)
+            cv = ld64(src + s)
         if not found:
             break
         e = s + blen
@@ -699,7 +682,7 @@ cdef size_t _enc_better(uint8_t* dst, const uint8_t* src, size_t n, uint32_t* wo
         if d > dst_limit:
             return 0
         _index_better(ltab, stab, lb, sb, src, base, e)
-        cv = _ld64(src + s)
+        cv = ld64(src + s)
     if next_emit < n:
         if d + (n - next_emit) + 5 > dst_limit:
             return 0
@@ -758,7 +741,7 @@ cdef inline void _chain_insert_to(_Chain* c, const uint8_t* src, size_t upto) no
     cdef uint64_t v
     cdef uint32_t h
     while p < upto:
-        v = _ld64(src + p)
+        v = ld64(src + p)
         h = _h4(v, c.hb)
         c.prev[p & c.wmask] = c.head[h]
         c.head[h] = <uint32_t>p
@@ -774,7 +757,7 @@ cdef inline void _best_consider(_Best* b, const uint8_t* src, size_t n, size_t s
     cdef long score
     if b.length >= 4 and s + b.length < n and src[cand + b.length] != src[s + b.length]:
         return  # cannot beat the current best length
-    if _ld32(src + cand) != _ld32(src + s):
+    if ld32(src + cand) != ld32(src + s):
         return
     l = 4 + _match_len(src + s + 4, src + cand + 4, n - s - 4)
     if off == last_off and not snappy:
@@ -789,7 +772,7 @@ cdef inline void _best_consider(_Best* b, const uint8_t* src, size_t n, size_t s
 
 cdef inline void _best_at(_Best* b, _Chain* c, const uint8_t* src, size_t n, size_t s,
                           size_t last_off, bint snappy) noexcept nogil:
-    cdef uint64_t v = _ld64(src + s)
+    cdef uint64_t v = ld64(src + s)
     cdef size_t cand, nxt, depth = 0
     cdef size_t window = c.wmask + 1
     b.length = 0
@@ -918,7 +901,7 @@ cdef size_t _frame(uint8_t* out, const uint8_t* src, size_t n, size_t bs, int le
         out[o + 1] = <uint8_t>(blen + 4)
         out[o + 2] = <uint8_t>((blen + 4) >> 8)
         out[o + 3] = <uint8_t>((blen + 4) >> 16)
-        _st32(out + o + 4, _mask(_crc32c(0, src + pos, bn)))
+        st32(out + o + 4, _mask(_crc32c(0, src + pos, bn)))
         o += 8 + blen
         pos += bn
     return o
@@ -1221,7 +1204,7 @@ cdef class S2Reader:
                 raise S2Error(f"unknown stream identifier {(<const char*>body)[:6]!r}")
             self._seen_ident = True
             return 0
-        want = _ld32(body)
+        want = ld32(body)
         if ctype == 0x01:
             dlen = blen - 4
             self._grow_out(dlen)

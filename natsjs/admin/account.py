@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 
-from natsjs.admin.app import json_flag
+from natsjs.admin.args import json_flag
 from natsjs.admin.errors import APIError, CLIError
-from natsjs.admin.render import Columns, comma, go_duration, ibytes, print_json, NS
+from natsjs.admin.jsapi import gather, server_requests
+from natsjs.admin.render import Columns, Table, comma, go_duration, ibytes, print_json, NS
+from natsjs.admin.server import render_connections
 
 
 def register(top) -> None:
@@ -117,7 +119,6 @@ async def info(rt) -> None:
 async def report_connections(rt) -> None:
     """The account's connections on every server: $SYS.REQ.SERVER.PING.CONNZ, which an
     account imports from the system account (answers gathered until they stop)."""
-    from natsjs.admin.server import gather, render_connections
     a = rt.args
     body = {"subscriptions": True, "username": True, "limit": 1024,
             "state": {"open": 0, "closed": 1, "all": 2}[a.state]}
@@ -134,8 +135,6 @@ async def report_connections(rt) -> None:
 async def report_statistics(rt) -> None:
     """natscli reportServerStats: the account's traffic on every server
     ($SYS.REQ.ACCOUNT.PING.STATZ)."""
-    from natsjs.admin.jsapi import server_requests
-    from natsjs.admin.render import Table
     nc = await rt.conn()
     res = await server_requests(nc, "$SYS.REQ.ACCOUNT.PING.STATZ", None, 0, rt.timeout,
                                 rt.settings.trace)

@@ -16,6 +16,8 @@ import sys
 import traceback
 
 from natsjs import __version__
+from natsjs.admin import (account, backup, bench, context, core, consumer, kv, localcluster,
+                          objstore, server, stream, streamquery)
 from natsjs.admin.connect import Settings, add_connection_flags, connect, resolve
 from natsjs.admin.errors import CLIError
 from natsjs.admin.jsapi import JSApi
@@ -64,10 +66,6 @@ class Group:
         return p
 
 
-def json_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-j", "--json", action="store_true", help="Produce JSON output")
-
-
 class Runtime:
     """What a running command has to hand."""
 
@@ -111,17 +109,18 @@ class Runtime:
 
 
 def build_parser() -> Parser:
-    from natsjs.admin import (account, bench, context, core, consumer, kv, localcluster,
-                              objstore, server, stream)
-
     root = Parser(prog=PROG, description="natsjs: the NATS command line, for natsjs and "
                                          "nats-server (natscli's commands and flags)")
     root.add_argument("--version", action="version", version="natsjs " + __version__)
     add_connection_flags(root, suppress=True)
     top = Group(root)
     for module in (account, bench, context, consumer, core, kv, localcluster, objstore,
-                   server, stream):
+                   server):
         module.register(top)
+    streams = stream.register(top)
+    backup.register_stream(streams)
+    streamquery.register(streams)
+    stream.register_cluster(streams)
     return root
 
 

@@ -15,9 +15,10 @@ import json
 import os
 import time
 
-from natsjs.admin.app import json_flag
+from natsjs.admin.args import json_flag, load_config_file, read_json_file, size_arg
 from natsjs.admin.errors import APIError, CLIError, q
-from natsjs.admin.render import comma, go_duration, ibytes, NS
+from natsjs.admin.render import comma, go_duration, ibytes, print_json, NS
+from natsjs.admin.stream import show_stream
 
 DATA_FILE = "stream.tar.s2"
 META_FILE = "backup.json"
@@ -48,16 +49,15 @@ def register_stream(g) -> None:
 
 
 async def backup(rt) -> None:
-    from natsjs.admin.stream import _bytes
     a = rt.args
     js = await rt.js()
     nc = await rt.conn()
     os.makedirs(a.target, exist_ok=True)
     inbox = nc.new_inbox()
     req = {"deliver_subject": inbox, "no_consumers": not a.consumers, "jsck": a.check,
-           "chunk_size": _bytes(a.chunk_size, "chunk size") if a.chunk_size else 128 * 1024}
+           "chunk_size": size_arg(a.chunk_size, "chunk size") if a.chunk_size else 128 * 1024}
     if a.window_size:
-        req["window_size"] = _bytes(a.window_size, "window size")
+        req["window_size"] = size_arg(a.window_size, "window size")
     done = asyncio.Event()
     state = {"bytes": 0, "chunks": 0, "error": None, "last": time.monotonic()}
     out = open(os.path.join(a.target, DATA_FILE), "wb")
@@ -112,21 +112,14 @@ async def backup(rt) -> None:
 
 async def restore(rt) -> None:
     import nats.errors
-    from natsjs.admin.stream import _load_config_file, show_stream
 
     a = rt.args
     meta_path, data_path = os.path.join(a.file, META_FILE), os.path.join(a.file, DATA_FILE)
-    try:
-        with open(meta_path) as f:
-            req = json.load(f)
-    except OSError as e:
-        raise CLIError("could not read %s: %s" % (meta_path, e.strerror or e)) from None
-    except ValueError as e:
-        raise CLIError("invalid %s: %s" % (meta_path, e)) from None
+    req = read_json_file(meta_path, "invalid %s: %s")
     cfg = req.get("config") or {}
     name = cfg.get("name", "")
     if a.config:
-        new = _load_config_file(a.config)
+        new = load_config_file(a.config)
         if new.get("name", name) != name:
             raise CLIError("stream names may not be changed during restore")
         cfg = new
@@ -177,7 +170,6 @@ async def restore(rt) -> None:
     if done.get("error"):
         raise APIError(done["error"], "restore failed")
     if a.json:
-        from natsjs.admin.render import print_json
         print_json(done)
         return
     print("Restored stream %s in %s\n" % (q(name), go_duration(

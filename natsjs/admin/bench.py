@@ -17,6 +17,7 @@ import sys
 import time
 
 from natsjs.admin.errors import APIError, CLIError
+from natsjs.admin.jsapi import JSApi, ordered_read
 from natsjs.admin.render import comma, go_duration, ibytes, log, parse_bytes, parse_duration, NS
 
 TYPES = {
@@ -389,7 +390,6 @@ async def js_pub_async(rt) -> None:
 
 
 async def js_ordered(rt) -> None:
-    from natsjs.admin.jsapi import JSApi, ordered_read
     a = rt.args
     js = await rt.js()
     info = await js.stream_info(a.stream)

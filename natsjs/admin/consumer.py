@@ -16,12 +16,12 @@ import re
 import time
 
 from natsjs.admin import prompt
-from natsjs.admin.app import json_flag
+from natsjs.admin.args import duration_arg, int_arg, json_flag, metadata_arg
 from natsjs.admin.errors import CLIError, q
 from natsjs.admin.render import (Columns, Table, duration, emit, go_duration, local_rfc3339,
                                  local_time, parse_duration, parse_time, print_json, since, NS)
-from natsjs.admin.stream import (_dur, _int, _metadata, edit_plan, leader_step_down, pick_stream,
-                                 render_cluster, replica_state, save_config)
+from natsjs.admin.stream import (edit_plan, leader_step_down, pick_stream, render_cluster,
+                                 replica_state, save_config)
 
 
 def register(top) -> None:
@@ -145,7 +145,7 @@ def _start_policy(cfg: dict, policy: str) -> None:
         cfg["deliver_policy"] = "by_start_sequence"
         cfg["opt_start_seq"] = int(policy)
     else:
-        ago = _dur(policy, "start policy")
+        ago = duration_arg(policy, "start policy")
         start = time.time() - ago / NS
         cfg["deliver_policy"] = "by_start_time"
         cfg["opt_start_time"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(start)) + "Z"
@@ -172,7 +172,7 @@ def _apply(cfg: dict, a) -> None:
     if a.flow_control is not None:
         cfg["flow_control"] = a.flow_control
     if a.heartbeat and a.heartbeat != "-1":
-        cfg["idle_heartbeat"] = _dur(a.heartbeat, "heartbeat")
+        cfg["idle_heartbeat"] = duration_arg(a.heartbeat, "heartbeat")
     if a.headers_only is not None:
         cfg["headers_only"] = a.headers_only
     if a.max_deliver:
@@ -184,19 +184,19 @@ def _apply(cfg: dict, a) -> None:
     if a.max_pull_batch:
         cfg["max_batch"] = a.max_pull_batch
     if a.max_pull_expire:
-        cfg["max_expires"] = _dur(a.max_pull_expire, "maximum pull expiry")
+        cfg["max_expires"] = duration_arg(a.max_pull_expire, "maximum pull expiry")
     if a.replay:
         cfg["replay_policy"] = a.replay
     if a.wait:
-        cfg["ack_wait"] = _dur(a.wait, "ack wait")
+        cfg["ack_wait"] = duration_arg(a.wait, "ack wait")
     if a.inactive_threshold:
-        cfg["inactive_threshold"] = _dur(a.inactive_threshold, "inactive threshold")
+        cfg["inactive_threshold"] = duration_arg(a.inactive_threshold, "inactive threshold")
     if a.memory:
         cfg["mem_storage"] = True
     if a.replicas:
         cfg["num_replicas"] = a.replicas
     if a.metadata:
-        cfg["metadata"] = _metadata(a.metadata)
+        cfg["metadata"] = metadata_arg(a.metadata)
 
 
 def prepare_config(a) -> dict:
@@ -246,19 +246,19 @@ def prepare_config(a) -> dict:
         if f:
             a.filter = [f]
     if not a.max_deliver and not d:
-        md = _int(prompt.ask("Maximum Allowed Deliveries", default="-1",
+        md = int_arg(prompt.ask("Maximum Allowed Deliveries", default="-1",
                              flag="--max-deliver"), "maximum deliveries")
         if md not in (0, -1):
             cfg["max_deliver"] = md
     if a.max_pending is None and not d:
-        mp = _int(prompt.ask("Maximum Acknowledgments Pending", default="0",
+        mp = int_arg(prompt.ask("Maximum Acknowledgments Pending", default="0",
                              flag="--max-pending"), "maximum pending")
         if mp > 0:
             cfg["max_ack_pending"] = mp
     if target and not a.heartbeat and not d:
         hb = prompt.ask("Idle Heartbeat", default="0s", flag="--heartbeat")
         if hb not in ("", "0", "0s", "-1"):
-            cfg["idle_heartbeat"] = _dur(hb, "heartbeat")
+            cfg["idle_heartbeat"] = duration_arg(hb, "heartbeat")
     if target and a.flow_control is None and not d:
         a.flow_control = prompt.confirm("Enable Flow Control, ie --flow-control", False)
     _apply(cfg, a)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from natsjs.admin import prompt
-from natsjs.admin.app import json_flag
+from natsjs.admin.args import json_flag
 from natsjs.admin.connect import OVERRIDE_ENV, ContextStore, connect, explicit_values, resolve
 from natsjs.admin.errors import CLIError, q
 from natsjs.admin.render import Columns, Table, print_json

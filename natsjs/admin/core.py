@@ -19,7 +19,8 @@ import sys
 import time
 
 from natsjs.admin.errors import CLIError, q
-from natsjs.admin.render import comma, log, parse_duration, NS
+from natsjs.admin.jsapi import ordered_read
+from natsjs.admin.render import comma, go_duration, log, parse_duration, NS
 
 
 def register(top) -> None:
@@ -265,7 +266,6 @@ def _show(a, msg, n: int) -> None:
 
 async def _sub_stream(rt, nc, subjects) -> None:
     """``sub --stream S``: the stream's messages in order, through an ephemeral consumer."""
-    from natsjs.admin.jsapi import ordered_read
     a = rt.args
     js = await rt.js()
     deliver = "new" if a.new else "last" if a.last else "all"
@@ -335,7 +335,6 @@ async def request(rt) -> None:
 
 
 def _rtt(seconds: float) -> str:
-    from natsjs.admin.render import go_duration
     return go_duration(int(seconds * NS))
 
 

@@ -251,3 +251,15 @@ async def ordered_read(js: JSApi, stream: str, subjects=None, deliver: str = "al
         return out
     finally:
         await sub.unsubscribe()
+
+
+async def gather(rt, kind: str | None, body: dict | None = None, wait_for: int = 0,
+                 filtered: bool = False, with_rtt: bool = False) -> list:
+    """Every server's answer to a system request: ``wait_for`` of them, else as many as
+    the cluster has (unless a filter makes that unknown; then 300 ms after the last)."""
+    nc = await rt.conn()
+    if not wait_for and not filtered:
+        wait_for = await active_servers(nc, rt.timeout, rt.settings.trace)
+    subject = "$SYS.REQ.SERVER.PING" + ("." + kind if kind else "")
+    return await server_requests(nc, subject, body, wait_for, rt.timeout, rt.settings.trace,
+                                 with_rtt=with_rtt)

@@ -13,12 +13,12 @@ import json
 import re
 
 from natsjs.admin import prompt
-from natsjs.admin.app import json_flag
+from natsjs.admin.args import duration_arg, json_flag, size_arg
 from natsjs.admin.errors import APIError, CLIError, q
 from natsjs.admin.jsapi import ordered_read
 from natsjs.admin.render import (Columns, Table, comma, duration, emit, ibytes,
                                  local_rfc3339, local_time, print_json, since, NS)
-from natsjs.admin.stream import _bytes, _dur, add_cluster_block, decode_headers
+from natsjs.admin.stream import add_cluster_block, decode_headers
 
 KEY_RE = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
 BUCKET_RE = re.compile(r"^[a-zA-Z0-9_-]+$")
@@ -152,11 +152,11 @@ async def add(rt) -> None:
     a = rt.args
     if not 1 <= a.history <= 64:
         raise CLIError("history must be between 1 and 64")
-    ttl = _dur(a.ttl, "ttl") if a.ttl else 0
+    ttl = duration_arg(a.ttl, "ttl") if a.ttl else 0
     cfg = {"name": _stream(a.bucket), "subjects": ["$KV.%s.>" % a.bucket],
            "description": a.description, "max_msgs_per_subject": a.history,
-           "max_bytes": _bytes(a.max_bucket_size, "bucket size") if a.max_bucket_size else -1,
-           "max_msg_size": _bytes(a.max_value_size, "value size") if a.max_value_size else -1,
+           "max_bytes": size_arg(a.max_bucket_size, "bucket size") if a.max_bucket_size else -1,
+           "max_msg_size": size_arg(a.max_value_size, "value size") if a.max_value_size else -1,
            "max_age": ttl, "storage": "memory" if a.storage in ("memory", "m") else "file",
            "num_replicas": a.replicas, "allow_rollup_hdrs": True, "deny_delete": True,
            "allow_direct": True, "discard": "new", "max_msgs": -1, "max_consumers": -1,
@@ -179,7 +179,9 @@ def _value(a) -> bytes:
     return sys.stdin.buffer.read()
 
 
-async def _publish(rt, subject: str, data: bytes, headers: dict | None = None) -> dict:
+async def publish(rt, subject: str, data: bytes, headers: dict | None = None) -> dict:
+    """Publish to a bucket's stream and return the stream's ack; no responders means
+    the bucket does not exist, an error ack raises ``APIError``."""
     import nats.errors
     nc = await rt.conn()
     try:
@@ -195,7 +197,7 @@ async def _publish(rt, subject: str, data: bytes, headers: dict | None = None) -
 async def put(rt) -> None:
     a = rt.args
     data = _value(a)
-    await _publish(rt, _subject(a.bucket, a.key), data)
+    await publish(rt, _subject(a.bucket, a.key), data)
     print(data.decode(errors="replace"))
 
 
@@ -204,14 +206,14 @@ async def create(rt) -> None:
     data = _value(a)
     subject = _subject(a.bucket, a.key)
     try:
-        await _publish(rt, subject, data, {"Nats-Expected-Last-Subject-Sequence": "0"})
+        await publish(rt, subject, data, {"Nats-Expected-Last-Subject-Sequence": "0"})
     except APIError as e:
         if e.err_code != 10071:                    # wrong last sequence: the key exists
             raise
         last = await _last(rt, a.bucket, a.key)
         if last is None or _op(last["headers"]) == "PUT":
             raise CLIError("nats: key exists") from None
-        await _publish(rt, subject, data,
+        await publish(rt, subject, data,
                        {"Nats-Expected-Last-Subject-Sequence": str(last["seq"])})
     print(data.decode(errors="replace"))
 
@@ -219,7 +221,7 @@ async def create(rt) -> None:
 async def update(rt) -> None:
     a = rt.args
     try:
-        await _publish(rt, _subject(a.bucket, a.key), a.value.encode(),
+        await publish(rt, _subject(a.bucket, a.key), a.value.encode(),
                        {"Nats-Expected-Last-Subject-Sequence": str(a.revision)})
     except APIError as e:
         if e.err_code == 10071:
@@ -284,7 +286,7 @@ async def delete(rt) -> None:
     if not a.force and not prompt.confirm("Delete key %s > %s?" % (a.bucket, a.key), False):
         print("Skipping delete")
         return
-    await _publish(rt, _subject(a.bucket, a.key), b"", {"KV-Operation": "DEL"})
+    await publish(rt, _subject(a.bucket, a.key), b"", {"KV-Operation": "DEL"})
 
 
 async def purge(rt) -> None:
@@ -292,7 +294,7 @@ async def purge(rt) -> None:
     if not a.force and not prompt.confirm("Purge key %s > %s?" % (a.bucket, a.key), False):
         print("Skipping purge")
         return
-    await _publish(rt, _subject(a.bucket, a.key), b"",
+    await publish(rt, _subject(a.bucket, a.key), b"",
                    {"KV-Operation": "PURGE", "Nats-Rollup": "sub"})
 
 
@@ -346,7 +348,7 @@ async def revert(rt) -> None:
         if not prompt.confirm("Really revert to revision %d" % a.revision, False):
             return
     try:
-        await _publish(rt, _subject(a.bucket, a.key), old["data"],
+        await publish(rt, _subject(a.bucket, a.key), old["data"],
                        {"Nats-Expected-Last-Subject-Sequence": str(msgs[-1].seq)})
     except APIError as e:
         if e.err_code == 10071:

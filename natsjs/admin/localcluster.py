@@ -30,6 +30,7 @@ import urllib.request
 
 from natsjs.admin.connect import ContextStore
 from natsjs.admin.errors import CLIError
+from natsjs.admin.render import Table
 
 STATE_FILE = "cluster.json"
 SYS_USER = "admin"
@@ -451,7 +452,6 @@ async def down(rt) -> int:
 
 
 async def status(rt) -> int:
-    from natsjs.admin.render import Table
     data = os.path.abspath(rt.args.data or default_data_dir())
     state = load_state(data)
     t = Table("Local cluster in %s" % data, ["Name", "PID", "Client URL", "Monitoring",

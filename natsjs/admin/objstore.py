@@ -17,13 +17,13 @@ import sys
 import time
 
 from natsjs.admin import prompt
-from natsjs.admin.app import json_flag
+from natsjs.admin.args import duration_arg, json_flag, size_arg
 from natsjs.admin.errors import APIError, CLIError, q
 from natsjs.admin.jsapi import ordered_read
-from natsjs.admin.kv import BUCKET_RE, _publish, list_buckets, stream_of_bucket
+from natsjs.admin.kv import BUCKET_RE, list_buckets, publish, stream_of_bucket
 from natsjs.admin.render import (Columns, Table, duration, emit, go_duration, ibytes,
                                  local_rfc3339, local_time, print_json, NS)
-from natsjs.admin.stream import _bytes, _dur, add_cluster_block
+from natsjs.admin.stream import add_cluster_block
 
 CHUNK = 128 * 1024
 
@@ -120,11 +120,11 @@ async def _bucket_info(rt, bucket: str) -> dict:
 
 async def add(rt) -> None:
     a = rt.args
-    ttl = _dur(a.ttl, "ttl") if a.ttl else 0
+    ttl = duration_arg(a.ttl, "ttl") if a.ttl else 0
     cfg = {"name": _stream(a.bucket),
            "subjects": ["$O.%s.C.>" % a.bucket, "$O.%s.M.>" % a.bucket],
            "description": a.description, "max_age": ttl,
-           "max_bytes": _bytes(a.max_bucket_size, "bucket size") if a.max_bucket_size else -1,
+           "max_bytes": size_arg(a.max_bucket_size, "bucket size") if a.max_bucket_size else -1,
            "storage": "memory" if a.storage in ("memory", "m") else "file",
            "num_replicas": a.replicas, "discard": "new", "allow_rollup_hdrs": True,
            "allow_direct": True, "max_msgs": -1, "max_consumers": -1, "retention": "limits",
@@ -178,7 +178,7 @@ async def put(rt) -> None:
             digest.update(data)
             size += len(data)
             chunks += 1
-            await _publish(rt, chunk_subject, data)
+            await publish(rt, chunk_subject, data)
     finally:
         if a.file:
             src.close()
@@ -188,7 +188,7 @@ async def put(rt) -> None:
             "digest": "SHA-256=" + base64.urlsafe_b64encode(digest.digest()).decode()}
     if a.chunk_size != CHUNK:
         meta["options"] = {"max_chunk_size": a.chunk_size}
-    await _publish(rt, _meta_subject(a.bucket, name), json.dumps(meta).encode(),
+    await publish(rt, _meta_subject(a.bucket, name), json.dumps(meta).encode(),
                    {"Nats-Rollup": "sub"})
     if existing is not None and existing.get("nuid") != nuid:
         js = await rt.js()
@@ -255,7 +255,7 @@ async def delete(rt) -> None:
         return
     gone = dict(meta, deleted=True, size=0, chunks=0, digest="",
                 mtime=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z")
-    await _publish(rt, _meta_subject(a.bucket, a.file), json.dumps(gone).encode(),
+    await publish(rt, _meta_subject(a.bucket, a.file), json.dumps(gone).encode(),
                    {"Nats-Rollup": "sub"})
     await js.request("STREAM.PURGE." + _stream(a.bucket),
                      {"filter": "$O.%s.C.%s" % (a.bucket, meta["nuid"])})

@@ -13,12 +13,12 @@ import asyncio
 import json
 import time
 
-from natsjs.admin import prompt
-from natsjs.admin.app import json_flag
+from natsjs.admin import prompt, server_report
+from natsjs.admin.args import json_flag
 from natsjs.admin.errors import CLIError, q
-from natsjs.admin.jsapi import active_servers, server_requests
+from natsjs.admin.jsapi import gather, server_requests
 from natsjs.admin.render import (Columns, Table, duration, go_duration, ibytes, local_time,
-                                 log, parse_duration, print_json, seconds2, since, NS)
+                                 log, parse_duration, parse_time, print_json, seconds2, since, NS)
 
 
 def register(top) -> None:
@@ -112,7 +112,6 @@ def register(top) -> None:
     p.add_argument("--top", type=int, default=1000)
     json_flag(p)
 
-    from natsjs.admin import server_report
     server_report.register(r)
 
     q_ = g.group("request", "Request monitoring data from a specific server", aliases=["req"])
@@ -172,18 +171,6 @@ def _check_format(p) -> None:
 
 
 # ---- gathering answers --------------------------------------------------------------------
-
-
-async def gather(rt, kind: str | None, body: dict | None = None, wait_for: int = 0,
-                 filtered: bool = False, with_rtt: bool = False) -> list:
-    """Every server's answer to a system request: ``wait_for`` of them, else as many as
-    the cluster has (unless a filter makes that unknown; then 300 ms after the last)."""
-    nc = await rt.conn()
-    if not wait_for and not filtered:
-        wait_for = await active_servers(nc, rt.timeout, rt.settings.trace)
-    subject = "$SYS.REQ.SERVER.PING" + ("." + kind if kind else "")
-    return await server_requests(nc, subject, body, wait_for, rt.timeout, rt.settings.trace,
-                                 with_rtt=with_rtt)
 
 
 def _filters(a) -> dict:
@@ -260,7 +247,6 @@ async def ls(rt) -> None:
 
 
 def _server_time(srv: dict):
-    from natsjs.admin.render import parse_time
     return parse_time(srv.get("time"))
 
 

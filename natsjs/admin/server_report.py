@@ -12,6 +12,7 @@ import json
 import sys
 
 from natsjs.admin.errors import CLIError
+from natsjs.admin.jsapi import gather
 from natsjs.admin.render import Table, comma, duration, ibytes, parse_duration, parse_time
 
 
@@ -78,7 +79,6 @@ def _filter(a) -> dict:
 
 
 async def _answers(rt, kind: str, body: dict | None = None) -> list:
-    from natsjs.admin.server import gather
     a = rt.args
     req = dict(body or {}, **_filter(a))
     got = await gather(rt, kind, req or None, wait_for=a.limit, filtered=bool(_filter(a)))

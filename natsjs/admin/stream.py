@@ -18,16 +18,18 @@ import re
 import sys
 
 from natsjs.admin import prompt
-from natsjs.admin.app import json_flag
+from natsjs.admin.args import (duration_arg, int_arg, json_flag, load_config_file, metadata_arg,
+                               size_arg)
 from natsjs.admin.errors import APIError, CLIError, q
 from natsjs.admin.render import (Columns, Table, duration, emit, go_duration, ibytes, local_rfc3339,
-                                 local_time, log, parse_bytes, parse_duration, print_json,
-                                 seconds2, since)
+                                 local_time, log, print_json, seconds2, since)
 
 MAX_INT64 = (1 << 63) - 1
 
 
-def register(top) -> None:
+def register(top):
+    """The ``stream`` group and its own commands; ``app`` adds backup's and
+    streamquery's to the group it returns, then ``register_cluster``'s."""
     g = top.group("stream", "JetStream stream management",
                   aliases=["str", "st", "ms", "s"])
 
@@ -111,11 +113,10 @@ def register(top) -> None:
     p.add_argument("source", help="Source Stream to copy")
     p.add_argument("destination", help="New Stream to create")
     config_flags(p, edit=True)
+    return g
 
-    from natsjs.admin import backup, streamquery
-    backup.register_stream(g)
-    streamquery.register(g)
 
+def register_cluster(g) -> None:
     c = g.group("cluster", "Manages a clustered stream", aliases=["c"])
     p = c.command("step-down", "Force a new leader election by standing down the current "
                   "leader", step_down, aliases=["stepdown", "sd", "elect", "down", "d"])
@@ -189,37 +190,6 @@ _RETENTION = {"limits": "limits", "interest": "interest", "workq": "workqueue",
 _STORAGE = {"file": "file", "f": "file", "memory": "memory", "m": "memory"}
 
 
-def _bytes(text: str, what: str) -> int:
-    try:
-        return parse_bytes(text)
-    except ValueError:
-        raise CLIError("invalid %s %s" % (what, q(text))) from None
-
-
-def _dur(text: str, what: str) -> int:
-    try:
-        return parse_duration(text)
-    except ValueError:
-        raise CLIError("invalid %s %s" % (what, q(text))) from None
-
-
-def _int(text: str, what: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise CLIError("invalid %s %s" % (what, q(text))) from None
-
-
-def _metadata(values) -> dict:
-    out = {}
-    for v in values or []:
-        if "=" not in v:
-            raise CLIError("invalid metadata %s, use KEY=VALUE" % q(v))
-        k, val = v.split("=", 1)
-        out[k] = val
-    return out
-
-
 def _apply_common(cfg: dict, a) -> None:
     """Flags that mean the same for add and edit; only what was given changes."""
     if a.description:
@@ -243,19 +213,19 @@ def _apply_common(cfg: dict, a) -> None:
         if a.discard_per_subject:
             cfg["discard"] = "new"
     if a.max_age:
-        cfg["max_age"] = _dur(a.max_age, "maximum age")
+        cfg["max_age"] = duration_arg(a.max_age, "maximum age")
     if a.max_bytes:
-        cfg["max_bytes"] = _bytes(a.max_bytes, "maximum bytes")
+        cfg["max_bytes"] = size_arg(a.max_bytes, "maximum bytes")
     if a.max_consumers is not None:
         cfg["max_consumers"] = a.max_consumers
     if a.max_msg_size:
-        cfg["max_msg_size"] = _bytes(a.max_msg_size, "maximum message size")
+        cfg["max_msg_size"] = size_arg(a.max_msg_size, "maximum message size")
     if a.max_msgs:
         cfg["max_msgs"] = a.max_msgs
     if a.max_msgs_per_subject:
         cfg["max_msgs_per_subject"] = a.max_msgs_per_subject
     if a.dupe_window:
-        cfg["duplicate_window"] = _dur(a.dupe_window, "duplicate window")
+        cfg["duplicate_window"] = duration_arg(a.dupe_window, "duplicate window")
     for flag, key, invert in (("allow_rollup", "allow_rollup_hdrs", False),
                               ("deny_delete", "deny_delete", False),
                               ("deny_purge", "deny_purge", False),
@@ -286,21 +256,7 @@ def _apply_common(cfg: dict, a) -> None:
     elif a.republish_source or a.republish_destination:
         raise CLIError("both --republish-source and --republish-destination are required")
     if a.metadata:
-        cfg["metadata"] = _metadata(a.metadata)
-
-
-def _load_config_file(path: str) -> dict:
-    try:
-        with open(path) as f:
-            cfg = json.load(f)
-    except OSError as e:
-        raise CLIError("could not read %s: %s" % (path, e.strerror or e)) from None
-    except ValueError as e:
-        raise CLIError("invalid JSON in %s: %s" % (path, e)) from None
-    if not isinstance(cfg, dict):
-        raise CLIError("%s does not hold a JSON object" % path)
-    # a stream info answer works as well as a bare configuration
-    return cfg.get("config", cfg) if "config" in cfg and "state" in cfg else cfg
+        cfg["metadata"] = metadata_arg(a.metadata)
 
 
 def prepare_config(a) -> dict:
@@ -308,7 +264,7 @@ def prepare_config(a) -> dict:
     natscli does (Storage, Replication, Retention Policy, Discard Policy, limits,
     duplicate window, roll-ups, deletes, purges)."""
     if a.config:
-        cfg = _load_config_file(a.config)
+        cfg = load_config_file(a.config)
         if a.stream:
             cfg["name"] = a.stream
         if not cfg.get("name"):
@@ -331,7 +287,7 @@ def prepare_config(a) -> dict:
         a.subjects = [answer] if answer else None
     storage = a.storage or ("file" if d else prompt.select(
         "Storage", ["file", "memory"], default="file", flag="--storage"))
-    replicas = a.replicas or (1 if d else _int(prompt.ask(
+    replicas = a.replicas or (1 if d else int_arg(prompt.ask(
         "Replication", default="1", flag="--replicas"), "replicas"))
     if replicas <= 0:
         raise CLIError("replicas should be >= 1")
@@ -340,21 +296,21 @@ def prepare_config(a) -> dict:
         flag="--retention").lower())
     discard = a.discard or ("old" if d else prompt.select(
         "Discard Policy", ["New", "Old"], default="Old", flag="--discard").lower())
-    max_msgs = a.max_msgs or (-1 if d else _int(prompt.ask(
+    max_msgs = a.max_msgs or (-1 if d else int_arg(prompt.ask(
         "Stream Messages Limit", default="-1", flag="--max-msgs"), "messages limit"))
-    per_subject = a.max_msgs_per_subject or (-1 if d else _int(prompt.ask(
+    per_subject = a.max_msgs_per_subject or (-1 if d else int_arg(prompt.ask(
         "Per Subject Messages Limit", default="-1", flag="--max-msgs-per-subject"),
         "per subject limit"))
-    max_bytes = _bytes(a.max_bytes or ("-1" if d else prompt.ask(
+    max_bytes = size_arg(a.max_bytes or ("-1" if d else prompt.ask(
         "Total Stream Size", default="-1", flag="--max-bytes")), "stream size")
-    max_age = _dur(a.max_age or ("-1" if d else prompt.ask(
+    max_age = duration_arg(a.max_age or ("-1" if d else prompt.ask(
         "Message TTL", default="-1", flag="--max-age")), "maximum age")
-    max_msg_size = _bytes(a.max_msg_size or ("-1" if d else prompt.ask(
+    max_msg_size = size_arg(a.max_msg_size or ("-1" if d else prompt.ask(
         "Max Message Size", default="-1", flag="--max-msg-size")), "maximum message size")
     dupe_default = "2m0s" if not (0 < max_age < 120 * 10 ** 9) else go_duration(max_age)
     dupe = 0
     if not a.mirror:
-        dupe = _dur(a.dupe_window or (dupe_default if d else prompt.ask(
+        dupe = duration_arg(a.dupe_window or (dupe_default if d else prompt.ask(
             "Duplicate tracking time window", default=dupe_default, flag="--dupe-window")),
             "duplicate window")
     if not d:
@@ -754,7 +710,7 @@ async def rmm(rt) -> None:
     name = await pick_stream(rt, a.stream)
     seq = a.id
     if seq is None:
-        seq = _int(prompt.ask("Message Sequence to remove", required=True,
+        seq = int_arg(prompt.ask("Message Sequence to remove", required=True,
                               flag="a sequence"), "sequence")
     if seq <= 0:
         raise CLIError("positive message ID required")
@@ -800,7 +756,7 @@ async def get(rt) -> None:
     name = await pick_stream(rt, a.stream)
     seq, subject = a.id, a.last_for
     if seq is None and not subject:
-        seq = _int(prompt.ask("Message Sequence to retrieve", default="-1",
+        seq = int_arg(prompt.ask("Message Sequence to retrieve", default="-1",
                               flag="a sequence or --last-for"), "sequence")
         if seq == -1:
             seq = None
@@ -836,7 +792,7 @@ async def view(rt) -> None:
     if a.since:
         import datetime as dt
         start = dt.datetime.now(dt.timezone.utc) - dt.timedelta(
-            microseconds=_dur(a.since, "--since") / 1000)
+            microseconds=duration_arg(a.since, "--since") / 1000)
         seq = None
         body_extra = {"start_time": start.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
     else:
@@ -934,7 +890,7 @@ async def edit(rt) -> int:
                                 doing="could not request Stream %s configuration"
                                 % name))["config"]
     if a.config:
-        cfg = _load_config_file(a.config)
+        cfg = load_config_file(a.config)
         cfg.setdefault("name", name)
     else:
         cfg = json.loads(json.dumps(current))

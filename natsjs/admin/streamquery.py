@@ -17,10 +17,11 @@ import ast
 import re
 
 from natsjs.admin import prompt
-from natsjs.admin.app import json_flag
+from natsjs.admin.args import json_flag
 from natsjs.admin.errors import CLIError, q
 from natsjs.admin.jsapi import ordered_read
 from natsjs.admin.render import Table, comma, ibytes, parse_duration, parse_time, print_json
+from natsjs.admin.stream import pick_stream, streams_table
 
 NS = 1_000_000_000
 
@@ -200,7 +201,6 @@ async def find(rt) -> None:
     if a.names:
         print("\n".join(sorted(i["config"]["name"] for i in found)))
         return
-    from natsjs.admin.stream import streams_table
     streams_table(found, a.subject)
 
 
@@ -384,7 +384,6 @@ class Expression:
 
 async def subjects(rt) -> None:
     """jsm.go StreamContainedSubjects, then natscli's table of 1, 2 or 3 column pairs."""
-    from natsjs.admin.stream import pick_stream
     a = rt.args
     asked = not a.stream
     name = await pick_stream(rt, a.stream)
@@ -466,7 +465,6 @@ async def find_gaps(js, name: str, info: dict) -> list[list[int]]:
 
 
 async def gaps(rt) -> None:
-    from natsjs.admin.stream import pick_stream
     a = rt.args
     name = await pick_stream(rt, a.stream)
     js = await rt.js()

@@ -34,11 +34,11 @@ from natsjs.jetstream import headers as H
 from natsjs.jetstream.consumercfg import (config_json, filters_of, is_durable, pause_ns,
                                           with_dynamic_metadata)
 from natsjs.jetstream.errors import ApiError
-from natsjs.jetstream.jstime import ZERO_TIME, now_ns, parse_go_duration, rfc3339_nano
+from natsjs.jetstream.jstime import ZERO_TIME, go_duration, now_ns, parse_go_duration, rfc3339_nano
 from natsjs.jetstream.pacing import Pacer
 from natsjs.jetstream.schema import DecodeError, Struct, unmarshal
 from natsjs.jetstream.store import OP_ACK, OP_FLOOR, ConsumerState
-from natsjs.jetstream.subjects import filter_matches
+from natsjs.jetstream.subjects import filter_matches, subset_match
 
 # Deliveries made per turn of the loop before other tasks get the event loop: by the
 # Python path, and by the C path (jsdeliver), which costs far less a message.  A pull
@@ -223,7 +223,6 @@ class Consumer:
         """How a purge of ``subject`` concerns this consumer (server/stream.go
         purgeLocked): "all" when our filters lie within it, "wider" when it lies within
         our filters (or we have none), None when it does not concern us."""
-        from natsjs.jetstream.subjects import subset_match
         if any(f == subject or subset_match(f, subject) for f in self.filters):
             return "all"
         if not self.filters or any(subset_match(subject, f) for f in self.filters):
@@ -796,7 +795,6 @@ class Consumer:
         if cfg["max_batch"] > 0 and batch > cfg["max_batch"]:
             return self._status(reply, 409, "Exceeded MaxRequestBatch of %d" % cfg["max_batch"])
         if expires and cfg["max_expires"] > 0 and expires > cfg["max_expires"]:
-            from natsjs.jetstream.streamcfg import go_duration
             return self._status(reply, 409, "Exceeded MaxRequestExpires of %s"
                                 % go_duration(cfg["max_expires"]))
         if max_bytes > 0 and cfg["max_bytes"] > 0 and max_bytes > cfg["max_bytes"]:

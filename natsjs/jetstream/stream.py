@@ -31,7 +31,7 @@ from natsjs._core.jsingest import StreamSink
 from natsjs.jetstream import headers as H
 from natsjs.jetstream import sourcing
 from natsjs.jetstream.errors import ApiError, error_text
-from natsjs.jetstream.jstime import now_ns, parse_go_duration, rfc3339_nano
+from natsjs.jetstream.jstime import now_ns, parse_go_duration, parse_rfc3339, rfc3339_nano
 from natsjs.jetstream.markers import SubjectDeleteMarkers, min_ttl
 from natsjs.jetstream.streamcfg import config_json, with_dynamic_metadata
 from natsjs.jetstream.store import write_store_state
@@ -1109,7 +1109,6 @@ class Stream:
 
     def _seq_from_time(self, text: str) -> int:
         """The first sequence at or after a time (store.GetSeqFromTime)."""
-        from natsjs.jetstream.jstime import parse_rfc3339
         try:
             ts = parse_rfc3339(text)
         except ValueError:
