@@ -250,16 +250,16 @@ class ReplicatedStream(_Replica):
         if leader == self.cluster.me:
             self.server.log.info("JetStream cluster new stream leader for '%s > %s'",
                                  self.acc_name, self.name)
-            stream._rebuild_state()
+            stream.rebuild_state()
             stream.lseq = stream.store.last_seq
             if not self.awaiting_restore():
-                stream._subscribe_capture()
+                stream.subscribe_capture()
             if not self._answered_create and self.sa.get("reply") and \
                     not self.sa.get("restore"):
                 self._answered_create = True
                 self._answer_create()
         else:
-            stream._unsubscribe_capture()
+            stream.unsubscribe_capture()
             stream.lead_sourcing(False)
             self._replies.clear()
         for c in stream.consumers.values():
@@ -274,9 +274,9 @@ class ReplicatedStream(_Replica):
         it takes publishes again."""
         stream = self.stream
         if active:
-            stream._unsubscribe_capture()
+            stream.unsubscribe_capture()
         elif self.is_leader() and not self.awaiting_restore():
-            stream._subscribe_capture()
+            stream.subscribe_capture()
 
     def _answer_create(self) -> None:
         """The stream's first leader answers the create request (as nats-server's does)."""
@@ -292,7 +292,7 @@ class ReplicatedStream(_Replica):
         """The leader's ingest: every queued publish becomes one entry."""
         datas = []
         replies = []
-        ts = self.stream._batch_ts
+        ts = self.stream.batch_time()
         self._collect = (datas, replies)
         try:
             for subject, reply, hdr, msg in batch:
@@ -367,19 +367,18 @@ class ReplicatedStream(_Replica):
                 continue
             if kind == E_MSG:
                 subject, hdr, msg, ts = decode_msg(data)
-                stream._budget = 1 << 62
+                stream.lift_budget()
                 self._apply_one(subject, hdr, msg, ts, self._replies.pop(index, None), replies)
             elif kind == E_SOURCED:
                 mirror_seq = _SEQ.unpack_from(data, 1)[0]
                 subject, hdr, msg, ts = decode_msg(data, 1 + _SEQ.size)
-                stream._budget = 1 << 62
+                stream.lift_budget()
                 out = stream.process_sourced(subject, hdr, msg, ts, mirror_seq)
                 if isinstance(out, ApiError):
                     self.server.log.warn("JetStream cluster: stream '%s > %s' could not "
                                          "store a sourced message: %s", self.acc_name,
                                          self.name, out)
-                if stream._sdm is not None:
-                    stream._sdm.forget_gone()
+                stream.forget_gone_markers()
             elif kind == E_OP:
                 op = json.loads(data[1:])
                 if op.get("op") == "restored":
@@ -398,8 +397,8 @@ class ReplicatedStream(_Replica):
         stream.lseq = stream.store.last_seq
         stream.synced_seq = stream.store.last_seq
         if replies:
-            stream._send_replies(replies)
-        stream._signal_consumers()
+            stream.send_replies(replies)
+        stream.signal_consumers()
         if self._since_snapshot >= SNAPSHOT_EVERY and not self._snapshotting:
             self._snapshotting = True
             self.js.spawn(self._snapshot)
@@ -412,9 +411,9 @@ class ReplicatedStream(_Replica):
         off = 1
         i = 0
         end = len(data)
-        stream._budget = 1 << 62
+        stream.lift_budget()
         while off < end:
-            if stream._plain:
+            if stream.plain:
                 off, first, n = apply_plain(store, data, off)
                 if n:
                     if rreplies is not None:
@@ -436,7 +435,7 @@ class ReplicatedStream(_Replica):
     def _apply_one(self, subject, hdr, msg, ts: int, reply, replies: list) -> None:
         """One message through the stream's checks, as every replica decides it."""
         stream = self.stream
-        stream._batch_ts = ts
+        stream.set_batch_time(ts)
         try:
             out = stream.process(subject, reply or b"_", hdr, msg, ts)
         except Exception as exc:   # never let one message stop the group
@@ -553,7 +552,7 @@ class ReplicatedStream(_Replica):
         self.catch_up_to = None
         stream = self.stream
         stream.lseq = stream.synced_seq = stream.store.last_seq
-        stream._rebuild_state()         # the duplicate window, as the others judge it
+        stream.rebuild_state()         # the duplicate window, as the others judge it
         held, self._held = self._held, []
         if held and not self.closed:
             self.apply(held)
@@ -595,7 +594,7 @@ class ReplicatedStream(_Replica):
         stream = self.stream
         store = stream.store
         stream.lseq = stream.synced_seq = store.last_seq
-        stream._rebuild_state()
+        stream.rebuild_state()
         try:
             await self.propose_op({"op": "restored", "last_seq": store.last_seq}, timeout=10.0)
         except NotLeader:
@@ -608,7 +607,7 @@ class ReplicatedStream(_Replica):
             await self._assign_restored_consumers(consumers)
         self._restore = None
         if self.is_leader() and not self.closed:
-            stream._subscribe_capture()
+            stream.subscribe_capture()
             stream.lead_sourcing(True)
 
     async def _assign_restored_consumers(self, consumers: list) -> None:
@@ -724,9 +723,8 @@ class ReplicatedConsumer(_Replica):
         # A consumer restored from a backup starts from the state the archive had.
         state = ConsumerState.from_json(ca["state"]) if ca.get("state") else None
         self.consumer = Consumer(stream, ca["cfg"], self.name, ca["created"],
-                                 ReplicaStateStore(self), state)
+                                 ReplicaStateStore(self), state, replicated=True)
         self.consumer.replica = self
-        self.consumer._leading = False
         files = DirFiles(os.path.join(self.path, "raft"))
         log = FileLog(os.path.join(self.path, "raft", "log"))
         storage = RaftStorage(log, files)
