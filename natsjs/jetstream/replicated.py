@@ -632,6 +632,10 @@ class ReplicatedStream(_Replica):
                 await trio.sleep(0.05)         # the leader has not applied it yet
                 continue
             self.reset_through = applied
+            if self.catch_up_to is not None:
+                # A snapshot installed meanwhile started a fetch: it goes on to here.
+                self.catch_up_to = max(self.catch_up_to, last)
+                return
             self.catch_up_to = last
             break
         if not self.closed:
