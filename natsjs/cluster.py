@@ -195,7 +195,7 @@ class Cluster:
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         copts = self.copts
         log = self.server.log
-        lsock = self.server._listen(copts.host, copts.port if copts.port else -1)
+        lsock = self.server.listen(copts.host, copts.port if copts.port else -1)
         self.port = lsock.getsockname()[1]
         try:
             async with trio.open_nursery() as nursery:
@@ -225,7 +225,7 @@ class Cluster:
         await self.server.accept_connections(lsock, self._new_route, "Route")
 
     def _new_route(self, sock: socket.socket, addr) -> None:
-        route = Route(self, sock, self.server._cid, addr)
+        route = Route(self, sock, self.server.next_cid(), addr)
         self.routes.add(route)
         self._nursery.start_soon(route.run)
 
@@ -294,8 +294,7 @@ class Cluster:
                         delay = min(delay * 2, CONNECT_MAX_DELAY)
                     continue
                 sock, addr = dialed
-                server._cid += 1
-                route = Route(self, sock, server._cid, addr, s)
+                route = Route(self, sock, server.next_cid(), addr, s)
                 self.routes.add(route)
                 await route.run()
                 return

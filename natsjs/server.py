@@ -200,7 +200,7 @@ class Server:
             self.stopped.set()
             task_status.started(self)
             return
-        lsock = self._listen(opts.host, opts.port)
+        lsock = self.listen(opts.host, opts.port)
         self._listener = lsock
         self.port = lsock.getsockname()[1]
         try:
@@ -441,7 +441,16 @@ class Server:
         none of its own (it sees the task end before it is torn down)."""
         self._nursery.start_soon(fn, *args)
 
-    def _listen(self, host: str, port: int) -> socket.socket:
+    def next_cid(self) -> int:
+        """A new connection id: clients and routes draw from one sequence, so an id
+        names one connection of this server (as nats-server's ``cid``s do)."""
+        self._cid += 1
+        return self._cid
+
+    def listen(self, host: str, port: int) -> socket.socket:
+        """A bound, listening, non-blocking TCP socket on ``host:port`` (port -1: any
+        free port; ``getsockname`` tells which), with SO_REUSEADDR; the caller closes
+        it.  Errors binding (address in use...) are raised as OSError."""
         if port == RANDOM_PORT:
             port = 0
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
@@ -493,13 +502,12 @@ class Server:
             delay = ACCEPT_MIN_SLEEP
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._cid += 1
             on_socket(sock, addr)
             # A burst of connections must not starve the connections already served.
             await trio.lowlevel.checkpoint()
 
     def _new_client(self, sock: socket.socket, addr) -> None:
-        client = Client(self, sock, self._cid, addr)
+        client = Client(self, sock, self.next_cid(), addr)
         if len(self.clients) >= self.opts.max_connections:
             self.log.error(client.log_prefix + "maximum connections exceeded")
             client.send(self.client_info_line(client))

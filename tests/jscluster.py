@@ -61,6 +61,8 @@ class JSCluster:
         self.cluster_ports = ports[size:2 * size]
         self.http_ports = ports[2 * size:]
         self.procs: list[ServerProcess | None] = [None] * size
+        # More environment for one server's next (re)start: {index: {name: value}}.
+        self.env: dict[int, dict[str, str]] = {}
         self.confs = [self._write_conf(i) for i in range(size)]
 
     def name(self, i: int) -> str:
@@ -144,7 +146,8 @@ cluster {
         return [sys.executable, "-m", "natsjs", "-c", self.confs[i]]
 
     def start_one(self, i: int) -> ServerProcess:
-        p = ServerProcess(self._argv(i), args=["-c", self.confs[i], "-m"])
+        env = dict(os.environ, **self.env[i]) if i in self.env else None
+        p = ServerProcess(self._argv(i), env=env, args=["-c", self.confs[i], "-m"])
         self.procs[i] = p
         return p
 

@@ -8,7 +8,9 @@ the missing messages from the current leader, a chunk at a time (bounded memory 
 both sides): request ``{"first", "last"}`` on ``$JSC.CU.<group>`` in the system
 account; the leader's replica answers with up to ``CHUNK_MSGS`` messages (or
 ``CHUNK_BYTES``) from its store, deleted ones skipped.  Entries committed meanwhile
-wait until the replica has caught up, then apply in order.
+wait until the replica has caught up, then apply in order.  A replica resetting after
+it failed to apply an entry first asks ``{"state": true}``: the leader's last sequence
+and the last entry its store holds.
 """
 from __future__ import annotations
 
@@ -68,15 +70,22 @@ def decode_chunk(data: bytes):
 
 def serve(rep, sub, subject, reply, hdr, msg) -> None:
     """The leader's side: one chunk per request."""
-    if not reply or not rep.is_leader():
+    if not reply or not rep.is_leader() or rep.resetting is not None:
         return
+    server = rep.server
     try:
         req = json.loads(msg)
+        if req.get("state"):
+            # A replica resetting (ReplicatedStream._reset): how far the store goes and
+            # the last entry that went into it (applied in the same step: they agree).
+            body = json.dumps({"applied": rep.raft.applied,
+                               "last_seq": rep.stream.store.last_seq}).encode()
+            server.deliver(server.system_account, reply, None, body)
+            return
         first, last = int(req["first"]), int(req["last"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return
     data, nxt = encode_chunk(rep.stream.store, first, last)
-    server = rep.server
     body = struct.pack("<Q", nxt) + data
     server.deliver(server.system_account, reply, None, body)
 

@@ -99,7 +99,7 @@ class PullRequest:
 
 class Consumer:
     def __init__(self, stream, cfg: dict, name: str, created: int, cstore,
-                 state: ConsumerState | None = None):
+                 state: ConsumerState | None = None, replicated: bool = False):
         self.stream = stream
         self.js = stream.js
         self.server = stream.server
@@ -153,7 +153,9 @@ class Consumer:
         # A replicated consumer's leader notes each delivery here, (stream seq, delivery
         # seq, delivery count); the batch goes to the group after each round.
         self._dlog: list | None = None
-        self._leading = True
+        # A replica of a replicated consumer starts as a follower: it delivers nothing
+        # until its group makes it leader (set_active_leader).
+        self._leading = not replicated
         # replay_policy original / rate_limit_bps (pacing.py): a message taken from the
         # store that must wait is held until the time it may go.
         self.pacer = Pacer.for_consumer(self)

@@ -636,6 +636,11 @@ class JetStream:
                     from natsjs.jetstream.streamcfg import config_json
                     info["config"] = config_json(s.cfg)
                 info["state"] = s.state()
+                if getattr(rep, "resetting", None) is not None:
+                    # Not in nats-server's StreamDetail (its replica resets out of
+                    # sight): this replica failed to apply an entry and is taking the
+                    # leader's contents (replicated.ReplicatedStream._reset); the error.
+                    info["resetting"] = rep.resetting
                 if opts.get("consumers"):
                     cd = []
                     for c in s.consumers.values():

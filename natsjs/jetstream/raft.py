@@ -427,6 +427,11 @@ class RaftNode:
             self._ack_leader(False)
             self._check_repaired()
 
+    def transferring(self) -> bool:
+        """This leader is handing over (``transfer_leadership``): proposals are refused
+        until the transfer succeeds or gives up."""
+        return self._transfer_to is not None
+
     def transfer_leadership(self, to: str | None = None) -> str:
         """Hand leadership to ``to`` (or the most caught-up voter) once it has every entry;
         proposals are refused meanwhile.  Returns the chosen peer."""

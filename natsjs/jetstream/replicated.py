@@ -28,6 +28,7 @@ and every replica applies them, so a new consumer leader knows what was acknowle
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -57,6 +58,16 @@ E_OP = b"J"
 E_SOURCED = b"X"      # <Q mirror seq> + E_MSG's layout: what the stream writes itself
                       # (mirrors, sources, subject delete markers), without client checks
 _SEQ = struct.Struct("<Q")
+
+# Fault injection for tests, off unless set in the server's environment when it starts:
+# "<stream>:<seq>" makes this server's replica of <stream> fail (once) to apply the
+# message that would get sequence <seq>, as a disk error would (tests of the reset).
+FAIL_APPLY_ENV = "NATSJS_TEST_FAIL_APPLY"
+
+
+def _fail_apply_at(stream_name: str) -> int:
+    name, _, seq = os.environ.get(FAIL_APPLY_ENV, "").rpartition(":")
+    return int(seq) if name == stream_name and seq.isdigit() else 0
 
 
 def encode_msg(subject: bytes, hdr: bytes | None, msg: bytes, ts: int,
@@ -219,6 +230,12 @@ class ReplicatedStream(_Replica):
         self._restore = None           # the restore this leader runs
         self._snapshot_after_catch_up = False
         self._collect = None           # (datas, replies) of the batch being proposed
+        # A replica that failed to apply an entry for a reason of its own (not a limit
+        # every replica reaches alike) is reset from the leader: the error, until done.
+        self.resetting: str | None = None
+        self._reset_index = 0          # the entry it failed on
+        self.reset_through = 0         # entries up to here are in what it fetched
+        self._fail_apply_at = _fail_apply_at(self.name)
         # The store goes back to where the last snapshot says it was (restore(), called
         # by the service when there is one; empty otherwise); the log after that point
         # is applied again.
@@ -252,16 +269,16 @@ class ReplicatedStream(_Replica):
         if leader == self.cluster.me:
             self.server.log.info("JetStream cluster new stream leader for '%s > %s'",
                                  self.acc_name, self.name)
-            stream._rebuild_state()
+            stream.rebuild_state()
             stream.lseq = stream.store.last_seq
             if not self.awaiting_restore():
-                stream._subscribe_capture()
+                stream.subscribe_capture()
             if not self._answered_create and self.sa.get("reply") and \
                     not self.sa.get("restore"):
                 self._answered_create = True
                 self._answer_create()
         else:
-            stream._unsubscribe_capture()
+            stream.unsubscribe_capture()
             stream.lead_sourcing(False)
             self._replies.clear()
         for c in stream.consumers.values():
@@ -276,9 +293,9 @@ class ReplicatedStream(_Replica):
         it takes publishes again."""
         stream = self.stream
         if active:
-            stream._unsubscribe_capture()
+            stream.unsubscribe_capture()
         elif self.is_leader() and not self.awaiting_restore():
-            stream._subscribe_capture()
+            stream.subscribe_capture()
 
     def _answer_create(self) -> None:
         """The stream's first leader answers the create request (as nats-server's does)."""
@@ -295,7 +312,7 @@ class ReplicatedStream(_Replica):
         """The leader's ingest: every queued publish becomes one entry."""
         datas = []
         replies = []
-        ts = self.stream._batch_ts
+        ts = self.stream.batch_time()
         self._collect = (datas, replies)
         try:
             for subject, reply, hdr, msg in batch:
@@ -363,49 +380,68 @@ class ReplicatedStream(_Replica):
         stream = self.stream
         replies = []
         for i, (index, term, data) in enumerate(entries):
-            kind = data[:1]
-            if kind == E_BATCH:
-                self._since_snapshot += self._apply_records(data, self._replies.pop(index, None),
-                                                            replies)
-                continue
-            if kind == E_MSG:
-                subject, hdr, msg, ts = decode_msg(data)
-                stream._budget = 1 << 62
-                self._apply_one(subject, hdr, msg, ts, self._replies.pop(index, None), replies)
-            elif kind == E_SOURCED:
-                mirror_seq = _SEQ.unpack_from(data, 1)[0]
-                subject, hdr, msg, ts = decode_msg(data, 1 + _SEQ.size)
-                stream._budget = 1 << 62
-                out = stream.process_sourced(subject, hdr, msg, ts, mirror_seq)
-                if isinstance(out, ApiError):
-                    self.server.log.warn("JetStream cluster: stream '%s > %s' could not "
-                                         "store a sourced message: %s", self.acc_name,
-                                         self.name, out)
-                if stream._sdm is not None:
-                    stream._sdm.forget_gone()
-            elif kind == E_OP:
-                op = json.loads(data[1:])
-                if op.get("op") == "restored":
-                    self._since_snapshot += 1
-                    if self._follow_restore(op, index):
-                        # What comes after waits until the restored messages are here.
-                        self._held.extend(entries[i + 1:])
-                        break
-                    continue
-                result = self._apply_op(op)
-                slot = self._waiters.get(index)
-                if slot is not None:
-                    slot[1] = result
-                    slot[0].set()
-            self._since_snapshot += 1
+            if index <= self.reset_through:
+                continue             # in the leader's store that a reset fetched
+            try:
+                if self._apply_entry(index, data, replies):
+                    # What comes after waits until the restored messages are here.
+                    self._held.extend(entries[i + 1:])
+                    break
+            except Exception as exc:
+                # Not one of the outcomes every replica reaches alike (those come back
+                # as an ApiError): this store may now differ from the others.
+                self.server.log.error("JetStream cluster: error applying stream entries "
+                                      "to '%s > %s': %r", self.acc_name, self.name, exc)
+                if self.raft.node.voters == (self.cluster.me,):
+                    continue     # no other replica to differ from, nor to reset from
+                self._reset(index, exc)
+                self._held.extend(entries[i + 1:])
+                break
         stream.lseq = stream.store.last_seq
         stream.synced_seq = stream.store.last_seq
         if replies:
-            stream._send_replies(replies)
-        stream._signal_consumers()
-        if self._since_snapshot >= SNAPSHOT_EVERY and not self._snapshotting:
+            stream.send_replies(replies)
+        stream.signal_consumers()
+        if self._since_snapshot >= SNAPSHOT_EVERY and not self._snapshotting and \
+                not self.resetting:
             self._snapshotting = True
             self.js.spawn(self._snapshot)
+
+    def _apply_entry(self, index: int, data: bytes, replies: list) -> bool:
+        """One committed entry into the store; True when later entries must wait for
+        a catch-up (a 'restored' entry on a follower)."""
+        stream = self.stream
+        kind = data[:1]
+        if kind == E_BATCH:
+            self._since_snapshot += self._apply_records(data, self._replies.pop(index, None),
+                                                        replies)
+            return False
+        if kind == E_MSG:
+            subject, hdr, msg, ts = decode_msg(data)
+            stream.lift_budget()
+            self._apply_one(subject, hdr, msg, ts, self._replies.pop(index, None), replies)
+        elif kind == E_SOURCED:
+            mirror_seq = _SEQ.unpack_from(data, 1)[0]
+            subject, hdr, msg, ts = decode_msg(data, 1 + _SEQ.size)
+            stream.lift_budget()
+            out = stream.process_sourced(subject, hdr, msg, ts, mirror_seq)
+            if isinstance(out, ApiError):
+                self.server.log.warn("JetStream cluster: stream '%s > %s' could not "
+                                     "store a sourced message: %s", self.acc_name,
+                                     self.name, out)
+            stream.forget_gone_markers()
+        elif kind == E_OP:
+            op = json.loads(data[1:])
+            if op.get("op") == "restored":
+                self._since_snapshot += 1
+                return self._follow_restore(op, index)
+            result = self._apply_op(op)
+            slot = self._waiters.get(index)
+            if slot is not None:
+                slot[1] = result
+                slot[0].set()
+        self._since_snapshot += 1
+        return False
 
     def _apply_records(self, data: bytes, rreplies: list | None, replies: list) -> int:
         """Apply a batch entry: plain records straight into the log (C), the others
@@ -415,9 +451,9 @@ class ReplicatedStream(_Replica):
         off = 1
         i = 0
         end = len(data)
-        stream._budget = 1 << 62
+        stream.lift_budget()
         while off < end:
-            if stream._plain:
+            if stream.plain:
                 off, first, n = apply_plain(store, data, off)
                 if n:
                     if rreplies is not None:
@@ -439,13 +475,13 @@ class ReplicatedStream(_Replica):
     def _apply_one(self, subject, hdr, msg, ts: int, reply, replies: list) -> None:
         """One message through the stream's checks, as every replica decides it."""
         stream = self.stream
-        stream._batch_ts = ts
-        try:
-            out = stream.process(subject, reply or b"_", hdr, msg, ts)
-        except Exception as exc:   # never let one message stop the group
-            self.server.log.error("JetStream cluster: applying to '%s > %s': %r",
-                                  self.acc_name, self.name, exc)
-            out = None
+        stream.set_batch_time(ts)
+        if self._fail_apply_at and stream.store.last_seq + 1 >= self._fail_apply_at:
+            self._fail_apply_at = 0
+            raise OSError(errno.EIO, "apply failure injected by " + FAIL_APPLY_ENV)
+        # What every replica reaches alike (limits, duplicates, expected last
+        # sequence...) comes back as an error reply; an exception is this replica's own.
+        out = stream.process(subject, reply or b"_", hdr, msg, ts)
         if reply and out is not None:
             replies.append((reply, out))
 
@@ -549,13 +585,75 @@ class ReplicatedStream(_Replica):
     async def _catch_up(self) -> None:
         await catchup.fetch(self)
 
+    # ---- resetting a replica that failed to apply ------------------------------------------
+
+    def _reset(self, index: int, exc: Exception) -> None:
+        """Entry ``index`` failed here for a reason of this replica's own (a disk error,
+        a bug): its store may no longer be what the others hold.  As nats-server's
+        resetClusteredState (server/jetstream_cluster.go) does, it gives up its contents
+        and takes the leader's: the store is emptied, the member is not counted, does not
+        apply and does not stand for election (``RaftNode.set_restoring``), then hands
+        over if it leads and fetches the leader's messages (``_reset_from_leader``)."""
+        log = self.server.log
+        log.warn("JetStream cluster: resetting stream cluster state for '%s > %s'",
+                 self.acc_name, self.name)
+        self.resetting = repr(exc)
+        self._reset_index = index
+        self.raft.node.set_restoring(True)
+        self._reset_store(None)
+        if self.catch_up_to is None:
+            self.js.spawn(self._reset_from_leader)
+
+    async def _reset_from_leader(self) -> None:
+        """Ask another leader how far its store goes and which entries that covers,
+        then fetch those messages (natsjs/jetstream/catchup.py); the entries after them
+        apply as usual, those before are skipped."""
+        from natsjs.jetstream import catchup
+        cluster = self.cluster
+        while not self.closed:
+            leader = self.raft.leader
+            if leader == cluster.me and not self.raft.node.transferring():
+                try:
+                    self.raft.transfer_leadership()      # again if a transfer failed
+                except (NotLeader, ValueError) as err:
+                    self.server.log.warn("JetStream cluster: stream '%s > %s' cannot hand "
+                                         "over while resetting: %r", self.acc_name,
+                                         self.name, err)
+            if leader is None or leader == cluster.me:
+                await trio.sleep(0.2)
+                continue
+            resp = await cluster.request_raw(b"$JSC.CU.%s" % self.group.encode(),
+                                             {"state": True}, 2.0)
+            try:
+                state = json.loads(resp)
+                applied, last = int(state["applied"]), int(state["last_seq"])
+            except (TypeError, ValueError, KeyError):
+                await trio.sleep(0.2)
+                continue
+            if applied < self._reset_index:
+                await trio.sleep(0.05)         # the leader has not applied it yet
+                continue
+            self.reset_through = applied
+            if self.catch_up_to is not None:
+                # A snapshot installed meanwhile started a fetch: it goes on to here.
+                self.catch_up_to = max(self.catch_up_to, last)
+                return
+            self.catch_up_to = last
+            break
+        if not self.closed:
+            await catchup.fetch(self)
+
     def caught_up(self) -> None:
         """The store holds (durably) what the snapshot or a 'restored' entry described:
         apply what waited for it, and count this member again."""
         self.catch_up_to = None
+        if self.resetting is not None:
+            self.server.log.info("JetStream cluster: stream '%s > %s' reset from the "
+                                 "leader", self.acc_name, self.name)
+            self.resetting = None
         stream = self.stream
         stream.lseq = stream.synced_seq = stream.store.last_seq
-        stream._rebuild_state()         # the duplicate window, as the others judge it
+        stream.rebuild_state()         # the duplicate window, as the others judge it
         held, self._held = self._held, []
         if held and not self.closed:
             self.apply(held)
@@ -597,7 +695,7 @@ class ReplicatedStream(_Replica):
         stream = self.stream
         store = stream.store
         stream.lseq = stream.synced_seq = store.last_seq
-        stream._rebuild_state()
+        stream.rebuild_state()
         try:
             await self.propose_op({"op": "restored", "last_seq": store.last_seq}, timeout=10.0)
         except NotLeader:
@@ -610,7 +708,7 @@ class ReplicatedStream(_Replica):
             await self._assign_restored_consumers(consumers)
         self._restore = None
         if self.is_leader() and not self.closed:
-            stream._subscribe_capture()
+            stream.subscribe_capture()
             stream.lead_sourcing(True)
 
     async def _assign_restored_consumers(self, consumers: list) -> None:
@@ -724,9 +822,8 @@ class ReplicatedConsumer(_Replica):
         # A consumer restored from a backup starts from the state the archive had.
         state = ConsumerState.from_json(ca["state"]) if ca.get("state") else None
         self.consumer = Consumer(stream, ca["cfg"], self.name, ca["created"],
-                                 ReplicaStateStore(self), state)
+                                 ReplicaStateStore(self), state, replicated=True)
         self.consumer.replica = self
-        self.consumer._leading = False
         files = DirFiles(os.path.join(self.path, "raft"))
         log = FileLog(os.path.join(self.path, "raft", "log"))
         storage = RaftStorage(log, files)

@@ -774,8 +774,8 @@ class Sourcing:
         stream = self.stream
         base = b"$JS.API.DIRECT.GET." + self.mirror.name.encode()
         self._mdirect_subs = [
-            self.js.subscribe(self.account, base, stream._direct_get, queue=b"_sys_"),
-            self.js.subscribe(self.account, base + b".>", stream._direct_get_last,
+            self.js.subscribe(self.account, base, stream.on_direct_get, queue=b"_sys_"),
+            self.js.subscribe(self.account, base + b".>", stream.on_direct_get_last,
                               queue=b"_sys_")]
 
     def _unsubscribe_mirror_direct(self) -> None:

@@ -145,7 +145,7 @@ class Stream:
 
     def start(self, nursery: trio.Nursery) -> None:
         self._set_plain()
-        self._rebuild_state()
+        self.rebuild_state()
         if self.replica is None:
             self._subscribe()
         else:
@@ -201,20 +201,26 @@ class Stream:
             # A queue group, as nats-server does, so that one replica answers.
             base = b"$JS.API.DIRECT.GET." + self.name.encode()
             self._direct_subs = [
-                self.js.subscribe(acc, base, self._direct_get, queue=b"_sys_"),
-                self.js.subscribe(acc, base + b".>", self._direct_get_last, queue=b"_sys_")]
+                self.js.subscribe(acc, base, self.on_direct_get, queue=b"_sys_"),
+                self.js.subscribe(acc, base + b".>", self.on_direct_get_last, queue=b"_sys_")]
         elif not want and self._direct_subs:
             for sub in self._direct_subs:
                 self.js.unsubscribe(acc, sub)
             self._direct_subs = []
 
-    def _subscribe_capture(self) -> None:
-        """A replica that became its stream's leader starts taking publishes."""
+    def subscribe_capture(self) -> None:
+        """A replica that became its stream's leader starts taking publishes: the
+        stream's subjects feed its capture (a mirror takes none).  Idempotent; does
+        nothing once the stream is stopped."""
         if not self._subs and not self.closed and self.cfg["mirror"] is None:
             self._subs = self.js.subscribe_all(self.jsa.account, self.cfg["subjects"] or [],
                                                self._sink)
 
-    def _unsubscribe_capture(self) -> None:
+    def unsubscribe_capture(self) -> None:
+        """A replica no longer leading stops taking publishes at once: its subjects'
+        interest goes (a publisher hears "no responders" from this server) and what was
+        captured but not yet proposed is dropped (its publishers time out and retry).
+        Idempotent."""
         self.js.unsubscribe_all(self.jsa.account, self._subs)
         self._subs = []
         self._inbox = self._sink.inbox = []
@@ -252,8 +258,11 @@ class Stream:
         if delete and self.path:
             shutil.rmtree(self.path, ignore_errors=True)
 
-    def _rebuild_state(self) -> None:
-        """After recovery: the duplicate window and TTL schedule come from the store."""
+    def rebuild_state(self) -> None:
+        """After recovery, and whenever the store was filled other than message by
+        message (a replica's catch-up, a restore): the duplicate window and the TTL
+        schedule are read again from what the store holds, so duplicates are then
+        judged as by any other replica holding the same messages."""
         store = self.store
         window = self.cfg["duplicate_window"]
         now = now_ns()
@@ -397,9 +406,9 @@ class Stream:
                     "JSStreamStoreFailedF", err=self.write_error or "write failed"))
                 replies = [(r, err) for r, _ in replies + self._unsynced]
                 self._unsynced = sink.replies = []
-            self._send_replies(replies)
+            self.send_replies(replies)
             sink.budget = self.jsa.storage_budget(self)
-            self._signal_consumers()
+            self.signal_consumers()
             if self._expire_idle and self.cfg["max_age"] and store.msgs:
                 self._expire_idle = False
                 self._expire_wake.unpark()
@@ -459,9 +468,11 @@ class Stream:
                 self.server.log.error("JetStream background sync of '%s > %s' failed: %s",
                                       self.jsa.name, self.name, exc)
 
-    def _send_replies(self, replies: list) -> None:
-        """Every reply of the batch through one publisher: each connection is
-        written once for the whole batch."""
+    def send_replies(self, replies: list) -> None:
+        """Send a batch's answers: ``replies`` holds ``(reply subject, answer)`` pairs,
+        the answer being a PubAck or error body (bytes) or a stored sequence (int, whose
+        PubAck is formatted in C).  Through one publisher: each connection is written
+        once for the whole batch."""
         if not replies:
             return
         pub = self.js.publisher(self.jsa.account)
@@ -471,9 +482,39 @@ class Stream:
         finally:
             pub.done()
 
-    def _signal_consumers(self) -> None:
+    def signal_consumers(self) -> None:
+        """New messages (or removals) are in the store: every consumer looks again at
+        what it can deliver."""
         for c in self.consumers.values():
             c.signal()
+
+    # ---- what a replica's apply sets (natsjs/jetstream/replicated.py) ----------------------
+
+    def lift_budget(self) -> None:
+        """The messages that follow were committed by the stream's group: the account's
+        storage budget (which differs from server to server) refuses none of them, so
+        every replica stores alike.  Holds until the next local batch sets it again."""
+        self._budget = 1 << 62
+
+    def set_batch_time(self, ts: int) -> None:
+        """The time (ns) messages without one of their own are stored with, until the
+        next batch: a replica passes each committed entry's time."""
+        self._batch_ts = ts
+
+    def batch_time(self) -> int:
+        """The time (ns) of the batch being taken in (one clock read per batch)."""
+        return self._batch_ts
+
+    @property
+    def plain(self) -> bool:
+        """A message without headers needs nothing but an append (no limits, seal,
+        interest, republish or transform): it may go straight into the store."""
+        return self._plain
+
+    def forget_gone_markers(self) -> None:
+        """Stop guarding subject delete markers whose expired message is gone."""
+        if self._sdm is not None:
+            self._sdm.forget_gone()
 
     # ---- the state machine -----------------------------------------------------------------
 
@@ -935,7 +976,10 @@ class Stream:
 
     # ---- direct get (allow_direct) -------------------------------------------------------
 
-    def _direct_get(self, sub, subject, reply, hdr, msg) -> None:
+    def on_direct_get(self, sub, subject, reply, hdr, msg) -> None:
+        """The subscription handler of ``$JS.API.DIRECT.GET.<stream>`` (a message
+        handler's signature): answers ``reply`` with the message(s) asked for, or a
+        status (408 for a bad request, 404 when there is none)."""
         if not reply:
             return
         body = msg[hdr:] if hdr and hdr > 0 else msg
@@ -958,7 +1002,9 @@ class Stream:
             return self._status(reply, 408, "Bad Request")
         self.direct_get(req, reply)
 
-    def _direct_get_last(self, sub, subject, reply, hdr, msg) -> None:
+    def on_direct_get_last(self, sub, subject, reply, hdr, msg) -> None:
+        """The subscription handler of ``$JS.API.DIRECT.GET.<stream>.<subject>``: the
+        last message on that subject, answered as ``on_direct_get`` answers."""
         if not reply:
             return
         body = msg[hdr:] if hdr and hdr > 0 else msg
