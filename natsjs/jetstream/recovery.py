@@ -66,7 +66,7 @@ async def _recover_stream(js, jsa, path: str, dirname: str) -> None:
         log.error("  Error recreating stream %r: %s", cfg["name"], exc)
         return
     report = getattr(store, "recovery", None) or {}
-    _log_recovery(log, jsa.name, cfg["name"], report)
+    log_recovery(log, jsa.name, cfg["name"], report)
     consumers = _read_consumers(js, jsa, cfg, os.path.join(path, OBS))
     _keep_sequence(log, jsa.name, cfg["name"], path, store, consumers)
     try:
@@ -220,7 +220,9 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or exc.__class__.__name__
 
 
-def _log_recovery(log, acc: str, name: str, report: dict) -> None:
+def log_recovery(log, acc: str, name: str, report: dict) -> None:
+    """Say in the log what a stream store's recovery ``report`` (FileLog.recovery)
+    found: torn tails cut, damaged records, messages lost."""
     if report.get("truncated_bytes"):
         log.warn("  Stream '%s > %s': truncated a torn tail of %d bytes", acc, name,
                  report["truncated_bytes"])

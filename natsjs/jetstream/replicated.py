@@ -43,6 +43,7 @@ from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns
 from natsjs.jetstream.raft import ConfigChangeInProgress, NotLeader, RaftConfig
 from natsjs.jetstream.raft_driver import DirFiles, RaftService, RaftStorage, StateMachine
+from natsjs.jetstream.recovery import log_recovery
 from natsjs.jetstream.snapshot import ClusterRestore
 from natsjs.jetstream.store import (META, MSGS, OBS, ConsumerState, MemConsumerStore,
                                     open_message_log, write_json_atomic,
@@ -529,12 +530,11 @@ class ReplicatedStream(_Replica):
         """A store with damaged records (its recovery report) goes back to before the
         first sequence the damage can have touched, durably, and the damaged bytes are
         overwritten (FileLog.scrub); the snapshot and the log then say what is missing."""
-        from natsjs.jetstream.recovery import _log_recovery
         report = getattr(store, "recovery", None) or {}
         if not report.get("corrupt") and not report.get("lost"):
             return
         log = self.server.log
-        _log_recovery(log, self.acc_name, self.name, report)
+        log_recovery(log, self.acc_name, self.name, report)
         first = report.get("damaged_from") or 1
         log.error("JetStream cluster: stream '%s > %s': message store damaged: cut back to "
                   "%d (was %d); the rest comes from the leader", self.acc_name, self.name,
