@@ -78,15 +78,30 @@ def with_request_info(hdr: int, msg: bytes, value: bytes) -> tuple[int, bytes]:
 
 def request_info(hdr: bytes | None) -> dict | None:
     """The ClientInfo a request carries, or None when it has none (a request made in
-    the system account itself) or it is not a JSON object."""
+    the system account itself) or it is not a JSON object.  Callers must not change
+    the dict."""
     raw = H.get(hdr, REQUEST_INFO)
     if raw is None:
         return None
+    info = _parsed.get(raw)
+    if info is not None:
+        return info
     try:
         info = json.loads(raw)
     except ValueError:
         return None
-    return info if isinstance(info, dict) else None
+    if not isinstance(info, dict):
+        return None
+    if len(_parsed) >= _PARSED_MAX:
+        _parsed.clear()
+    _parsed[raw] = info
+    return info
+
+
+# A client's header is the same from one request to the next (request_info_value keeps
+# it), so its parse is kept too: the dicts handed out are shared and never changed.
+_PARSED_MAX = 4096
+_parsed: dict[bytes, dict] = {}
 
 
 def service_account(info: dict) -> str:
