@@ -53,7 +53,7 @@ def request_info_value(client, account_name: str, server) -> bytes:
     on its connection until its RTT, account or name changes: a request through the
     JetStream import should not pay for building it each time."""
     if client is None or getattr(client, "kind", "") != "Client":
-        return json.dumps({"acc": account_name, "server": server.name},
+        return json.dumps(client_info(client, account_name, server),
                           separators=(",", ":")).encode()
     key = (client.rtt, client.account.name, client.name)
     cached = client.request_info

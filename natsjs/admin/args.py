@@ -40,15 +40,21 @@ def int_arg(text: str, what: str) -> int:
     return _parsed(int, text, what)
 
 
-def metadata_arg(values) -> dict:
-    """``--metadata KEY=VALUE`` flags (repeated) as a map."""
+def pairs_arg(values, sep: str, what: str, usage: str, strip: bool = False) -> dict:
+    """Repeated ``KEY<sep>VALUE`` flags as a map; one without ``sep`` is refused as
+    ``invalid <what> "X", use <usage>``; ``strip`` trims keys and values."""
     out = {}
     for v in values or []:
-        if "=" not in v:
-            raise CLIError("invalid metadata %s, use KEY=VALUE" % q(v))
-        k, val = v.split("=", 1)
-        out[k] = val
+        if sep not in v:
+            raise CLIError("invalid %s %s, use %s" % (what, q(v), usage))
+        k, val = v.split(sep, 1)
+        out[k.strip() if strip else k] = val.strip() if strip else val
     return out
+
+
+def metadata_arg(values) -> dict:
+    """``--metadata KEY=VALUE`` flags (repeated) as a map."""
+    return pairs_arg(values, "=", "metadata", "KEY=VALUE")
 
 
 def read_json_file(path: str, invalid: str = "invalid JSON in %s: %s"):

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 
+from natsjs.admin.args import pairs_arg
 from natsjs.admin.errors import CLIError, q
 from natsjs.admin.jsapi import ordered_read
 from natsjs.admin.render import comma, go_duration, log, parse_duration, NS
@@ -113,13 +114,8 @@ def render_template(text: str, count: int) -> str:
 
 
 def parse_headers(values) -> dict:
-    out = {}
-    for h in values or []:
-        if ":" not in h:
-            raise CLIError("invalid header %s, use K:V" % q(h))
-        k, v = h.split(":", 1)
-        out[k.strip()] = v.strip()
-    return out
+    """``--header K:V`` flags (repeated) as a map, trimmed."""
+    return pairs_arg(values, ":", "header", "K:V", strip=True)
 
 
 def _body(a) -> bytes:

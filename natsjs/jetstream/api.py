@@ -85,9 +85,9 @@ class Api:
             # A pull request or a direct get made in the system account: answered by a
             # consumer or a stream, never by the API.
             return UNDELIVERED
-        info = request_info(msg[:hdr] if hdr is not None and hdr > 0 else None)
         if subject.startswith(self._SYSTEM_API):
             return
+        info = request_info(msg[:hdr] if hdr is not None and hdr > 0 else None)
         if info is None:
             # The system account's own request (server/jetstream_api.go apiDispatch):
             # it has no JetStream, and only the server it entered says so.
@@ -111,8 +111,7 @@ class Api:
     def _not_enabled(self, subject: bytes, reply: bytes) -> None:
         """An account without JetStream is told so, as nats-server answers (503, 10039)."""
         rtype = "account_info_response" if subject == b"$JS.API.INFO" else "system_response"
-        self.server.deliver(self.server.system_account, reply, None,
-                            go_json(err(rtype, ApiError.of("JSNotEnabledForAccountErr"))))
+        self.answer(reply, err(rtype, ApiError.of("JSNotEnabledForAccountErr")))
 
     # ---- requests waiting for a replicated stream's or consumer's leader -----------------
 
@@ -166,7 +165,7 @@ class Api:
             headers = resp.pop(RESPONSE_HEADERS, None)
             data = go_json(resp)
             if reply:
-                self._send(jsa, reply, data, headers=headers)
+                self.answer(reply, data, headers=headers)
             self._audit(jsa, subj, body, data, info)
             await trio.lowlevel.checkpoint()
 
@@ -185,9 +184,12 @@ class Api:
         ev["response"] = response.decode("utf-8", "replace")
         self.js.advisory(adv, "io.nats.jetstream.advisory.v1.api_audit", ev, acc)
 
-    def _send(self, jsa, reply: bytes, resp, headers: bytes | None = None) -> None:
-        """Answer a request: in the system account, where it was asked (its reply
-        leads back to the requester through the account's import)."""
+    def answer(self, reply: bytes, resp, headers: bytes | None = None) -> None:
+        """Answer an API request, whoever answers it (this worker, a new stream's or
+        consumer's first leader, a restore): ``resp`` a response dict (written as Go
+        writes JSON) or its bytes.  The answer goes into the system account, where the
+        request was asked; its reply leads back to the requester through the account's
+        JetStream import."""
         data = resp if isinstance(resp, bytes) else go_json(resp)
         sys_acc = self.server.system_account
         if headers:

@@ -303,9 +303,7 @@ class ReplicatedStream(_Replica):
         reply = self.sa["reply"].encode()
         resp = {"type": "io.nats.jetstream.api.v1.stream_create_response",
                 **self.stream.info(), "did_create": True}
-        # Asked in the system account, through the account's JetStream import.
-        self.server.deliver(self.server.system_account, reply, None,
-                            json.dumps(resp, separators=(",", ":")).encode())
+        self.js.api.answer(reply, resp)
 
     # ---- the write path: propose, then apply -------------------------------------------
 
@@ -608,7 +606,6 @@ class ReplicatedStream(_Replica):
         """Ask another leader how far its store goes and which entries that covers,
         then fetch those messages (natsjs/jetstream/catchup.py); the entries after them
         apply as usual, those before are skipped."""
-        from natsjs.jetstream import catchup
         cluster = self.cluster
         while not self.closed:
             leader = self.raft.leader
@@ -879,8 +876,7 @@ class ReplicatedConsumer(_Replica):
         if not self._answered_create and self.ca.get("reply"):
             self._answered_create = True
             resp = {"type": "io.nats.jetstream.api.v1.consumer_create_response", **c.info()}
-            self.server.deliver(self.server.system_account, self.ca["reply"].encode(), None,
-                                json.dumps(resp, separators=(",", ":")).encode())
+            self.js.api.answer(self.ca["reply"].encode(), resp)
 
     # ---- state changes through the log ----------------------------------------------------
 

@@ -826,9 +826,7 @@ class ClusterRestore(_Restore):
         # The answer to the restore request the meta leader took: where to send.
         reply = self.rep.sa.get("reply")
         if reply:
-            # Asked in the system account, through the account's JetStream import.
-            self.server.deliver(self.server.system_account, reply.encode(), None,
-                                json.dumps(restore_answer(self)).encode())
+            self.api.answer(reply.encode(), restore_answer(self))
 
     async def _install(self, archive: str):
         reader = await self._checked(archive)
