@@ -26,6 +26,7 @@ from natsjs.jetstream import snapshot, sourcing
 from natsjs.jetstream import streamcfg as SC
 from natsjs.jetstream.consumer import Consumer, ephemeral_name
 from natsjs.jetstream.errors import ApiError, error_text
+from natsjs.jetstream.gojson import go_json
 from natsjs.jetstream.jstime import ZERO_TIME, now_ns, rfc3339_nano
 from natsjs.jetstream.schema import DecodeError, Struct, decode_request, is_empty_request
 from natsjs.jetstream.store import (MemConsumerStore, OBS,
@@ -814,22 +815,6 @@ def required_level(hdr: bytes | None) -> int:
         return 0
     raw = raw.strip()
     return int(raw) if raw.isdigit() else 1 << 30
-
-
-def go_json(obj) -> bytes:
-    """JSON as Go's encoder writes it: compact, UTF-8, with <, >, & and the line and
-    paragraph separators escaped inside strings (they cannot occur outside)."""
-    try:
-        text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-        data = text.encode()
-    except UnicodeEncodeError:      # a lone surrogate: leave it escaped
-        text = json.dumps(obj, separators=(",", ":"))
-        data = text.encode()
-    if b"<" in data or b">" in data or b"&" in data or "\u2028" in text or "\u2029" in text:
-        text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026") \
-            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-        data = text.encode()
-    return data
 
 
 def requester_info(client, jsa) -> dict | None:
