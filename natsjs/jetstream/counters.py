@@ -63,6 +63,18 @@ def check_incr(cfg: dict, hdr: bytes, msg: bytes, sourced: bool):
     return incr
 
 
+def clustered_missing(hdr: bytes) -> bytes | None:
+    """The headers of a message without an increment to a replicated counter stream, less
+    those nats-server checks only after refusing it for the missing increment (a clustered
+    stream's leader checks the expected stream, TTL, message id and source header first,
+    server/jetstream_batching.go checkMsgHeadersPreClusteredProposal; the expected last
+    sequences, message id and rollup come after).  The message is refused either way."""
+    for key in (H.EXPECTED_LAST_SEQ, H.EXPECTED_LAST_SUBJ_SEQ, H.EXPECTED_LAST_SUBJ_SEQ_SUBJ,
+                H.EXPECTED_LAST_MSG_ID, H.ROLLUP):
+        hdr = H.remove(hdr, key)
+    return hdr
+
+
 def apply(store, subject: bytes, hdr: bytes | None, msg: bytes, incr: int | None,
           max_payload: int):
     """The message a counter stream stores instead: ``(hdr, payload, total)``, or the

@@ -573,6 +573,8 @@ class Stream:
                 incr = counters.check_incr(cfg, hdr, msg, sourced)
                 if incr.__class__ is ApiError:
                     return incr
+            if incr is None and cfg["allow_msg_counter"] and self.replica is not None:
+                hdr = counters.clustered_missing(hdr)
             name = H.get(hdr, H.EXPECTED_STREAM)
             if name and name.decode("utf-8", "replace") != self.name:
                 return ApiError.of("JSStreamNotMatchErr")
