@@ -290,48 +290,78 @@ def _replica_totals(cluster: JSCluster, i: int, stream: str, subjects) -> dict:
         log.close()
 
 
-async def _create(js, **cfg):
+async def _create(nc, **cfg):
     """A stream create, asked again while unanswered: a cluster that just elected its meta
     leader (nats-server's too) may drop the first one."""
     for _ in range(5):
         try:
-            return await js.add_stream(**cfg)
+            msg = await nc.request(API + "STREAM.CREATE." + cfg["name"],
+                                   json.dumps(cfg).encode(), timeout=10)
         except nats.errors.TimeoutError:
             continue
+        reply = json.loads(msg.data)
+        assert "error" not in reply, reply
+        return reply
     raise TimeoutError("stream create never answered")
 
 
 def test_r3_counter_totals_agree_on_every_replica(tmp_path):
-    """Concurrent increments of an R3 counter stream: every PubAck's val is a running total,
-    the last one the exact sum, and each replica's own store ends with the same totals."""
+    """Concurrent increments of an R3 counter stream: every PubAck's val is the running
+    total in sequence order, the last one the exact sum; an R3 aggregate sourcing it
+    reaches the same sums; each replica's own store ends with the same totals."""
     subjects = ["cnt.%d" % k for k in range(4)]
+    aggregated = ["agg.%d" % k for k in range(4)]
+    big = 10 ** 30
+
+    def value(i):
+        return big + i if i % 2 else -i
 
     async def main(cluster):
         nc = await nats.connect([cluster.url(j) for j in range(3)])
         js = nc.jetstream(timeout=10)
-        await _create(js, name="CNT", subjects=["cnt.>"], num_replicas=3,
+        await _create(nc, name="CNT", subjects=["cnt.>"], num_replicas=3,
                       allow_msg_counter=True)
-        big = 10 ** 30
+        await _create(nc, name="AGG", subjects=["agg.>"], num_replicas=3,
+                      allow_msg_counter=True, sources=[{
+                          "name": "CNT",
+                          "subject_transforms": [{"src": "cnt.>", "dest": "agg.>"}]}])
 
         async def one(i):
-            msg = await nc.request(subjects[i % 4], b"",
-                                   headers={"Nats-Incr": str(big + i if i % 2 else -i)},
+            msg = await nc.request(subjects[i % 4], b"", headers={"Nats-Incr": str(value(i))},
                                    timeout=10)
             return i, json.loads(msg.data)
         acks = await asyncio.gather(*(one(i) for i in range(400)))
         want = {subj: 0 for subj in subjects}
         for i in range(400):
-            want[subjects[i % 4]] += big + i if i % 2 else -i
+            want[subjects[i % 4]] += value(i)
         by_subject: dict = {subj: [] for subj in subjects}
         for i, ack in acks:
             assert "error" not in ack, ack
-            by_subject[subjects[i % 4]].append((ack["seq"], int(ack["val"])))
+            by_subject[subjects[i % 4]].append((ack["seq"], int(ack["val"]), value(i)))
         for subj, seen in by_subject.items():
             seen.sort()
-            assert seen[-1][1] == want[subj]
-        # an invalid one is refused alike in a cluster
+            total = 0
+            for _, val, inc in seen:
+                total += inc
+                assert val == total
+            assert total == want[subj]
+        # a missing increment is refused alike in a cluster
         msg = await nc.request("cnt.0", b"", timeout=10)
         assert json.loads(msg.data)["error"]["err_code"] == 10169
+
+        async def aggregated_all():
+            for subj, agg in zip(subjects, aggregated):
+                try:
+                    m = await js.get_last_msg("AGG", agg)
+                except nats.js.errors.NotFoundError:
+                    return False
+                if json.loads(m.data)["val"] != str(want[subj]):
+                    return False
+            return True
+        deadline = asyncio.get_running_loop().time() + 30
+        while not await aggregated_all():
+            assert asyncio.get_running_loop().time() < deadline, "AGG never caught up"
+            await asyncio.sleep(0.1)    # polling the aggregate, not a synchronisation
         await nc.close()
         return {subj: (seen[-1][0], str(want[subj])) for subj, seen in by_subject.items()}
 
@@ -340,8 +370,12 @@ def test_r3_counter_totals_agree_on_every_replica(tmp_path):
         expected = asyncio.run(asyncio.wait_for(main(cluster), 120))
     finally:
         cluster.close()
+    aggs = []
     for i in range(3):
         assert _replica_totals(cluster, i, "CNT", subjects) == expected, "replica %d" % i
+        aggs.append(_replica_totals(cluster, i, "AGG", aggregated))
+        assert [v for _, v in aggs[-1].values()] == [v for _, v in expected.values()]
+    assert aggs[0] == aggs[1] == aggs[2]
 
 
 # What an R3 counter stream answers, the same requests to three natsjs servers and to
@@ -376,8 +410,8 @@ R3_REQUESTS = [
 async def _r3_answers(cluster: JSCluster) -> list:
     nc = await nats.connect([cluster.url(j) for j in range(3)])
     js = nc.jetstream(timeout=10)
-    await _create(js, name="CNT", subjects=["cnt.>"], num_replicas=3, allow_msg_counter=True)
-    await _create(js, name="PLAIN", subjects=["plain.>"], num_replicas=3)
+    await _create(nc, name="CNT", subjects=["cnt.>"], num_replicas=3, allow_msg_counter=True)
+    await _create(nc, name="PLAIN", subjects=["plain.>"], num_replicas=3)
     out = []
     for subject, value, headers, data in R3_REQUESTS:
         hdrs = dict(headers)
