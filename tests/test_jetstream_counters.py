@@ -153,6 +153,27 @@ async def counter_refusals(s):
 
 
 @scenario
+async def counter_edges(s):
+    """A client's own Nats-Counter-Sources is stored as sent (and an undecodable one breaks
+    the counter), leading spaces of the value, a size limit the total outgrows."""
+    await add_stream(s, "C", subjects=["c.>"], allow_msg_counter=True)
+    await incr(s, "c.a", "  5", note="leading spaces are not part of the value")
+    await incr(s, "c.a", "1", note="a client's sources header",
+               **{"Nats-Counter-Sources": '{"X":{"x":"9"}}'})
+    await last(s, "C", "c.a")
+    await incr(s, "c.a", "1", note="the sources are carried on")
+    await last(s, "C", "c.a")
+    await incr(s, "c.b", "1", **{"Nats-Counter-Sources": "not json"})
+    await incr(s, "c.b", "1", note="the last message's sources do not decode: broken")
+    await incr(s, "c.c", "1", **{"Nats-Counter-Sources": "null"})
+    await incr(s, "c.c", "1", note="null sources are none")
+    await add_stream(s, "S", subjects=["s"], allow_msg_counter=True, max_msg_size=40)
+    await incr(s, "s", "1")
+    await incr(s, "s", "1" + "0" * 40, note="the total no longer fits")
+    await last(s, "S", "s")
+
+
+@scenario
 async def counter_after_removals(s):
     """The total continues from the subject's last stored message: after deleting it,
     from the one before; after a purge of the subject, from zero; a limit of one message
