@@ -40,10 +40,11 @@ from natsjs.jetstream import snapshot, sourcing
 from natsjs.jetstream import streamcfg as SC
 from natsjs.jetstream.apicore import (LIST_LIMIT, MAX_SUBJECT_DETAILS, NAMES_LIMIT,
                                       RESPONSE_HEADERS, T, Request, check_msg_delete,
-                                      check_new_stream_request, check_purge, err, go_json,
+                                      check_new_stream_request, check_purge, err,
                                       lookup_stream, pause_response, sourcing_consumer_name)
 from natsjs.jetstream.consumer import Consumer, ephemeral_name
 from natsjs.jetstream.errors import ApiError, error_text
+from natsjs.jetstream.gojson import go_json
 from natsjs.jetstream.jstime import now_ns, rfc3339_nano
 from natsjs.jetstream.schema import is_empty_request
 from natsjs.jetstream.store import (MemConsumerStore, OBS,

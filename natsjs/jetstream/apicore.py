@@ -6,7 +6,6 @@ this module imports no other part of the API.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from natsjs.jetstream import headers as H
@@ -87,22 +86,6 @@ def required_level(hdr: bytes | None) -> int:
 def check_api_level(hdr: bytes | None) -> None:
     if required_level(hdr) > SC.API_LEVEL:
         raise ApiError.of("JSRequiredApiLevelErr")
-
-
-def go_json(obj) -> bytes:
-    """JSON as Go's encoder writes it: compact, UTF-8, with <, >, & and the line and
-    paragraph separators escaped inside strings (they cannot occur outside)."""
-    try:
-        text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-        data = text.encode()
-    except UnicodeEncodeError:      # a lone surrogate: leave it escaped
-        text = json.dumps(obj, separators=(",", ":"))
-        data = text.encode()
-    if b"<" in data or b">" in data or b"&" in data or "\u2028" in text or "\u2029" in text:
-        text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026") \
-            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-        data = text.encode()
-    return data
 
 
 def pause_response(cfg: dict) -> dict:
@@ -264,6 +247,6 @@ _CONSUMER_OPS = {"INFO": "consumer_info_response", "DELETE": "consumer_delete_re
                  "PAUSE": "consumer_pause_response"}
 
 __all__ = ["T", "NAMES_LIMIT", "LIST_LIMIT", "ERROR_EXTRAS", "Request", "route", "decode",
-           "err", "required_level", "check_api_level", "go_json", "pause_response",
+           "err", "required_level", "check_api_level", "pause_response",
            "lookup_stream", "sourcing_consumer_name", "check_new_stream_request", "check_purge",
            "check_msg_delete"]

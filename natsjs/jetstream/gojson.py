@@ -15,6 +15,8 @@ grammar and the error contexts of Go's scanner (encoding/json/scanner.go); Pytho
 """
 from __future__ import annotations
 
+import json
+
 MAX_DEPTH = 10000
 
 _SPACE = frozenset(b" \t\r\n")
@@ -327,3 +329,19 @@ def check_valid(data: bytes) -> None:
     if i < len(data):
         raise GoSyntaxError("invalid character %s after top-level value"
                             % quote_char(data[i]), i + 1)
+
+
+def go_json(obj) -> bytes:
+    """JSON as Go's encoder writes it: compact, UTF-8, with <, >, & and the line and
+    paragraph separators escaped inside strings (they cannot occur outside)."""
+    try:
+        text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+        data = text.encode()
+    except UnicodeEncodeError:      # a lone surrogate: leave it escaped
+        text = json.dumps(obj, separators=(",", ":"))
+        data = text.encode()
+    if b"<" in data or b">" in data or b"&" in data or "\u2028" in text or "\u2029" in text:
+        text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026") \
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+        data = text.encode()
+    return data

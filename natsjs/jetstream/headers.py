@@ -118,3 +118,18 @@ def make(code: int = 0, description: str = "", pairs=()) -> bytes:
     for k, v in pairs:
         out.append(k + b": " + (v if isinstance(v, bytes) else str(v).encode()))
     return CRLF.join(out) + CRLF + CRLF
+
+
+def set_first(hdr: bytes | None, key: bytes, value: bytes) -> bytes:
+    """server/client.go setHeader: the first ``key``'s value replaced where it is (one
+    space after the colon kept if there was one), else ``key: value`` appended."""
+    i = _key_index(hdr, key) if hdr else -1
+    if i < 0:
+        return add(hdr, key, value)
+    start = i + len(key) + 1
+    if start < len(hdr) and hdr[start] == 32:
+        start += 1
+    end = hdr.find(b"\r", start)
+    if end < 0:
+        return hdr
+    return hdr[:start] + value + hdr[end:]

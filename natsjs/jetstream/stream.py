@@ -28,6 +28,7 @@ import shutil
 import trio
 
 from natsjs._core.jsingest import StreamSink
+from natsjs.jetstream import counters
 from natsjs.jetstream import headers as H
 from natsjs.jetstream import sourcing
 from natsjs.jetstream.errors import ApiError, error_text
@@ -568,7 +569,7 @@ class Stream:
         return (not c["sealed"] and c["retention"] == "limits" and c["max_msg_size"] < 0
                 and c["max_msgs"] <= 0 and c["max_bytes"] <= 0
                 and c["max_msgs_per_subject"] <= 0 and not c["republish"]
-                and not c["subject_transform"])
+                and not c["subject_transform"] and not c["allow_msg_counter"])
 
     def _process(self, subject: bytes, hdr: bytes | None, msg: bytes, ts: int,
                  sourced: bool = False, mirror_seq: int = 0):
@@ -601,6 +602,7 @@ class Stream:
         msg_id = ""
         rollup = None
         ttl = 0
+        incr = None
         if hdr:
             if not hdr.startswith(b"NATS/1.0"):
                 hdr = None
@@ -608,6 +610,12 @@ class Stream:
                 # A status line (a message relayed with one) is not stored.
                 hdr = H.HDR_LINE + hdr[hdr.find(H.CRLF) + 2:]
         if hdr and b"Nats-" in hdr:
+            if counters.INCR in hdr:
+                incr = counters.check_incr(cfg, hdr, msg, sourced)
+                if incr.__class__ is ApiError:
+                    return incr
+            if incr is None and cfg["allow_msg_counter"] and self.replica is not None:
+                hdr = counters.clustered_missing(hdr)
             name = H.get(hdr, H.EXPECTED_STREAM)
             if name and name.decode("utf-8", "replace") != self.name:
                 return ApiError.of("JSStreamNotMatchErr")
@@ -650,21 +658,29 @@ class Stream:
             exp = H.get(hdr, H.EXPECTED_LAST_MSG_ID)
             if exp is not None and exp.decode("utf-8", "replace") != self.lmsgid:
                 return ApiError.of("JSStreamWrongLastMsgIDErrF", id=self.lmsgid)
-            r = H.get(hdr, H.ROLLUP)
+            # server/stream.go getRollup: an empty value is none, the case is ignored.
+            r = H.get(hdr, H.ROLLUP) or None
             if r is not None and sourced and not (cfg["allow_rollup_hdrs"] and
                                                   not cfg["deny_purge"]):
                 r = None    # the origin's rollup is ours only if we allow rollups
             if r is not None:
                 if not (cfg["allow_rollup_hdrs"] and not cfg["deny_purge"]):
                     return ApiError.of("JSStreamRollupFailedF", err="rollup not permitted")
-                if r == b"sub":
+                r = r.decode("utf-8", "replace").lower()
+                if r == "sub":
                     rollup = "sub"
-                elif r == b"all":
+                elif r == "all":
                     rollup = "all"
                 else:
                     return ApiError.of("JSStreamRollupFailedF",
                                        err="rollup value invalid: %s"
-                                       % json.dumps(r.decode("utf-8", "replace"), ensure_ascii=False))
+                                       % json.dumps(r, ensure_ascii=False))
+        total = None
+        if cfg["allow_msg_counter"]:
+            out = counters.apply(store, subject, hdr, msg, incr, self.server.opts.max_payload)
+            if out.__class__ is ApiError:
+                return out
+            hdr, msg, total = out
         if ttl > 0 and self._sdm is not None:
             ttl, hdr = min_ttl(cfg, ttl, hdr)
         max_size = cfg["max_msg_size"]
@@ -707,6 +723,8 @@ class Stream:
         rp = self._rptr
         if rp is not None:
             self._republish(rp, subject, hdr, msg, seq, ts)
+        if total is not None:
+            return self._pub_ack_prefix + counters.pub_ack_tail(seq, total)
         return self._pub_ack_prefix + b"%d}" % seq
 
     def _stored(self, seq: int, msg_id: str, ts: int) -> None:
