@@ -28,6 +28,7 @@ stores all of it or none, and the leader answers once a quorum has the entry fsy
 from __future__ import annotations
 
 import json
+import re
 import struct
 import weakref
 
@@ -51,6 +52,8 @@ DEFAULT_MAX_MSGS = 1000
 MAX_ID_LEN = 64
 
 _U32 = struct.Struct("<I")
+# The headers a batch's checks read (any of them makes a message worth checking).
+_CHECKED = re.compile(rb"\r\nNats-(?:Expected-|Incr|TTL|Msg-Id|Stream-Source|Rollup)")
 
 # Open batches per server (nats-server's globalInflightAtomicBatches), by JetStream.
 _inflight: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -127,9 +130,12 @@ class Batches:
         eob = commit == b"eob"
         per_stream, total, max_msgs, timeout = _limits(stream.js)
         now = trio.current_time()
-        self._expire(now)
         b = self.open.get(bid)
+        if b is not None and b.deadline <= now:
+            self._drop(bid)        # abandoned: its timeout ran out
+            b = None
         if b is None:
+            self._expire(now)
             if seq != 1:
                 if seq - (1 if eob else 0) > max_msgs:
                     return ApiError.of("JSAtomicPublishTooLargeBatchErrF", size=max_msgs)
@@ -190,13 +196,15 @@ def _check(stream, msgs: list):
     for k, (subject, hdr, msg) in enumerate(msgs):
         if itr is not None:
             subject = itr.apply(subject.decode()).encode()
-        if hdr and H.get(hdr, H.EXPECTED_LAST_MSG_ID):
+        # Only the batch's own headers (the common case): none of the checks applies.
+        checked = hdr is not None and _CHECKED.search(hdr) is not None
+        if checked and H.get(hdr, H.EXPECTED_LAST_MSG_ID):
             return ApiError.of("JSAtomicPublishUnsupportedHeaderBatchErr",
                                header=H.EXPECTED_LAST_MSG_ID.decode())
         incr = None
-        if hdr:
-            if len(hdr) > 65535:
-                return ApiError.of("JSStreamHeaderExceedsMaximumErr")
+        if hdr and len(hdr) > 65535:
+            return ApiError.of("JSStreamHeaderExceedsMaximumErr")
+        if checked:
             if counters.INCR in hdr:
                 incr = counters.check_incr(cfg, hdr, msg, False)
                 if incr.__class__ is ApiError:
@@ -231,7 +239,7 @@ def _check(stream, msgs: list):
                                      stream.server.opts.max_payload)
                 if out.__class__ is ApiError:
                     return out
-        if hdr:
+        if checked:
             raw = H.get(hdr, H.EXPECTED_LAST_SEQ)
             if raw is not None:
                 want = _uint(raw)
