@@ -161,12 +161,13 @@ async def atomic_checks(s):
     """Expected sequences, message ids, rollups and counters evaluated for the batch."""
     await add_stream(s, "B", subjects=["b.>"], allow_atomic=True, allow_rollup_hdrs=True)
     await s.request("b.x", b"before", headers={"Nats-Msg-Id": "old"})
-    await bmsg(s, "b.1", "e", 1, **{"Nats-Expected-Last-Sequence": "1"})
+    await s.request("b.x", b"plain", note="no headers (natsjs: stored by the C capture)")
+    await bmsg(s, "b.1", "e", 1, **{"Nats-Expected-Last-Sequence": "2"})
     await bmsg(s, "b.2", "e", 2, commit="1", note="expected last sequence on the first")
-    await bmsg(s, "b.1", "e2", 1, **{"Nats-Expected-Last-Sequence": "3"})
+    await bmsg(s, "b.1", "e2", 1, **{"Nats-Expected-Last-Sequence": "4"})
     await bmsg(s, "b.2", "e2", 2, commit="1", note="and again on the second",
-               **{"Nats-Expected-Last-Sequence": "4"})
-    await bmsg(s, "b.1", "ps", 1, **{"Nats-Expected-Last-Subject-Sequence": "2"})
+               **{"Nats-Expected-Last-Sequence": "5"})
+    await bmsg(s, "b.1", "ps", 1, **{"Nats-Expected-Last-Subject-Sequence": "3"})
     await bmsg(s, "b.3", "ps", 2, commit="1", note="expected last subject sequence",
                **{"Nats-Expected-Last-Subject-Sequence": "0"})
     await bmsg(s, "b.1", "ps2", 1)

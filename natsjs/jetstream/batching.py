@@ -187,7 +187,8 @@ def _check(stream, msgs: list):
     batch, before anything is stored: None, or the ApiError refusing the batch."""
     cfg = stream.cfg
     store = stream.store
-    lseq = stream.lseq
+    # Messages the C capture stored since the stream last looked are the last ones.
+    lseq = store.last_seq if stream._sink.captured else stream.lseq
     msg_ids: set = set()
     inflight: dict = {}            # subject -> (messages, bytes) in this batch
     expected: dict = {}            # subject -> the sequence an expected check saw
