@@ -113,6 +113,7 @@ async def atomic_commits(s):
 @scenario()
 async def atomic_refusals(s):
     """Each way a batch is refused, and that nothing of a refused batch is stored."""
+    adv = await s.subscribe("$JS.EVENT.ADVISORY.STREAM.BATCH_ABANDONED.>")
     await add_stream(s, "B", subjects=["b.>"], allow_atomic=True, allow_rollup_hdrs=True)
     await add_stream(s, "N", subjects=["n.>"])
     await bmsg(s, "n.1", "a", 1, note="disabled")
@@ -154,6 +155,7 @@ async def atomic_refusals(s):
     await bmsg(s, "b.1", "q", 1, **{"Nats-Required-Api-Level": "99"},
                note="a required API level above ours")
     await api(s, "STREAM.INFO.B", note="nothing stored")
+    await s.collect(adv, 3, note="the batches abandoned: a gap, eob at 1, the API level")
 
 
 @scenario()
@@ -215,6 +217,7 @@ async def atomic_checks(s):
 async def atomic_limits(s):
     """The server's batch limits: open batches per stream and per server, the largest
     batch, and a batch abandoned after its timeout."""
+    adv = await s.subscribe("$JS.EVENT.ADVISORY.STREAM.BATCH_ABANDONED.>")
     await add_stream(s, "B", subjects=["b.>"], allow_atomic=True)
     await add_stream(s, "B2", subjects=["c.>"], allow_atomic=True)
     await bmsg(s, "b.1", "a", 1)
@@ -235,6 +238,7 @@ async def atomic_limits(s):
     await bmsg(s, "b.1", "e", 2, commit="1", note="after the timeout")
     await bmsg(s, "b.1", "b", 2, commit="1", note="an older batch after the timeout")
     await api(s, "STREAM.INFO.B")
+    await s.collect(adv, 4, sort=True, note="abandoned: one too large, three timed out")
 
 
 # -- the tests -----------------------------------------------------------------------------

@@ -50,6 +50,8 @@ DEFAULT_INFLIGHT_PER_STREAM = 50
 DEFAULT_INFLIGHT_TOTAL = 1000
 DEFAULT_MAX_MSGS = 1000
 MAX_ID_LEN = 64
+ABANDONED = "$JS.EVENT.ADVISORY.STREAM.BATCH_ABANDONED."
+ABANDONED_TYPE = "io.nats.jetstream.advisory.v1.stream_batch_abandoned"
 
 _U32 = struct.Struct("<I")
 # The headers a batch's checks read (any of them makes a message worth checking).
@@ -88,11 +90,20 @@ class Batches:
     def __init__(self, stream):
         self.stream = stream
         self.open: dict[bytes, _Batch] = {}
+        self._reaping = False
 
-    def _drop(self, bid: bytes) -> None:
-        if self.open.pop(bid, None) is not None:
-            js = self.stream.js
-            _inflight[js] = _inflight.get(js, 1) - 1
+    def _drop(self, bid: bytes, reason: str = "") -> None:
+        """Forget a batch; with a ``reason`` it was abandoned, which nats-server announces
+        (stream.go sendStreamBatchAbandonedAdvisory)."""
+        if self.open.pop(bid, None) is None:
+            return
+        js = self.stream.js
+        _inflight[js] = _inflight.get(js, 1) - 1
+        if reason:
+            stream = self.stream
+            js.advisory(ABANDONED + stream.name, ABANDONED_TYPE,
+                        {"stream": stream.name, "batch": bid.decode("utf-8", "replace"),
+                         "reason": reason}, stream.jsa.account)
 
     def clear(self) -> None:
         """Forget every open batch (the stream stopped, lost its leadership or no longer
@@ -103,7 +114,16 @@ class Batches:
     def _expire(self, now: float) -> None:
         for bid, b in list(self.open.items()):
             if b.deadline <= now:
-                self._drop(bid)
+                self._drop(bid, "timeout")
+
+    async def _reap(self) -> None:
+        """Abandon each batch when its timeout runs out (while there are open ones)."""
+        try:
+            while self.open:
+                await trio.sleep_until(min(b.deadline for b in self.open.values()))
+                self._expire(trio.current_time())
+        finally:
+            self._reaping = False
 
     def add(self, subject: bytes, hdr: bytes, msg: bytes):
         """One message of a batch, on arrival.  Returns an ApiError (the batch, if any, is
@@ -132,7 +152,7 @@ class Batches:
         now = trio.current_time()
         b = self.open.get(bid)
         if b is not None and b.deadline <= now:
-            self._drop(bid)        # abandoned: its timeout ran out
+            self._drop(bid, "timeout")
             b = None
         if b is None:
             self._expire(now)
@@ -147,21 +167,24 @@ class Batches:
                 return ApiError.of("JSAtomicPublishTooManyInflight")
             _inflight[js] = _inflight.get(js, 0) + 1
             b = self.open[bid] = _Batch(now + timeout)
+            if not self._reaping:
+                self._reaping = True
+                js.spawn(self._reap)
         if commit is not None and not eob and commit != b"1":
             self._drop(bid)
             return ApiError.of("JSAtomicPublishInvalidBatchCommitErr")
         if REQUIRED_API_LEVEL in hdr and H.get(hdr, REQUIRED_API_LEVEL):
             from natsjs.jetstream import apicore, streamcfg
             if apicore.required_level(hdr) > streamcfg.API_LEVEL:
-                self._drop(bid)
+                self._drop(bid, "unsupported")
                 return ApiError.of("JSRequiredApiLevelErr")
             hdr = H.remove(hdr, REQUIRED_API_LEVEL)
         b.deadline = now + timeout
         if len(b.msgs) + 1 != seq or (seq == 1 and eob):
-            self._drop(bid)
+            self._drop(bid, "incomplete")
             return ApiError.of("JSAtomicPublishIncompleteBatchErr")
         if seq - (1 if eob else 0) > max_msgs:
-            self._drop(bid)
+            self._drop(bid, "large")
             return ApiError.of("JSAtomicPublishTooLargeBatchErrF", size=max_msgs)
         if commit is None:
             b.msgs.append((subject, hdr, msg))
