@@ -205,7 +205,7 @@ def _uint(raw: bytes | None):
     return int(raw) if raw is not None and raw.isdigit() else None
 
 
-def _check(stream, msgs: list):
+def _check(stream, msgs: list, ts: int):
     """server/jetstream_batching.go checkMsgHeadersPreClusteredProposal over the whole
     batch, before anything is stored: None, or the ApiError refusing the batch."""
     cfg = stream.cfg
@@ -249,7 +249,7 @@ def _check(stream, msgs: list):
             if mid:
                 if mid in msg_ids:
                     return ApiError.of("JSAtomicPublishContainsDuplicateMessageErr")
-                if stream._check_msg_id(mid.decode("utf-8", "replace")) is not None:
+                if stream._check_msg_id(mid.decode("utf-8", "replace"), ts) is not None:
                     return ApiError.of("JSAtomicPublishContainsDuplicateMessageErr")
                 msg_ids.add(mid)
             if H.get(hdr, H.STREAM_SOURCE):
@@ -326,7 +326,7 @@ def _check(stream, msgs: list):
 def commit(stream, bid: bytes, msgs: list, ts: int = 0):
     """Store a committed batch, all of it or none: the commit's PubAck (bytes) or the
     ApiError.  Runs on a single server at ingest and on every replica at apply."""
-    err = _check(stream, msgs)
+    err = _check(stream, msgs, ts)
     if err is not None:
         return err
     store = stream.store
