@@ -222,6 +222,9 @@ def _placement_note(e: dict) -> str:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
     ap.add_argument("--natsbench", default=None, help="natsbench binary (default: natsbench on PATH)")
+    ap.add_argument("--natsbatch", default=None,
+                    help="natsbatch binary, for the scenarios with tool = \"natsbatch\" "
+                         "(default: natsbatch on PATH; bench/README.md says how to build it)")
     ap.add_argument("--nats-server", default=None,
                     help="reference server binary (default: PATH, then .venv/bin/nats-server)")
     ap.add_argument("--natsjs-cmd", default=None,
@@ -256,9 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     if not servers or set(servers) - {REFERENCE, NATSJS}:
         raise SystemExit(f"--servers: choose from {REFERENCE},{NATSJS}")
 
-    natsbench = args.natsbench or shutil.which("natsbench")
-    if not natsbench or not Path(natsbench).exists():
-        raise SystemExit("natsbench not found: pass --natsbench PATH (see bench/README.md)")
+    tools = {}
+    for tool in sorted({s.tool for s in selected}):
+        path = getattr(args, tool, None) or shutil.which(tool)
+        if not path or not Path(path).exists():
+            raise SystemExit(f"{tool} not found: pass --{tool} PATH (see bench/README.md)")
+        tools[tool] = path
+    natsbench = tools.get("natsbench", "")
     kinds = {}
     if REFERENCE in servers:
         ns = find_nats_server(args.nats_server)
@@ -293,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             n = scenario.messages(args.quick, args.n)
             for rep in range(args.repeat):
                 for kind in (order if rep % 2 == 0 else order[::-1]):
-                    row = measure(scenario, kind, rep, slot, n, natsbench, writer, not args.no_trace,
-                                  args.pin)
+                    row = measure(scenario, kind, rep, slot, n, tools[scenario.tool], writer,
+                                  not args.no_trace, args.pin)
                     slot += 1
                     rows.append(row)
                     rate = row.get("msgs_per_sec")

@@ -41,6 +41,9 @@ class Scenario:
     default: bool = True
     timeout_s: float = 120.0
     rss: bool = False
+    # The load generator: "natsbench", or "natsbatch" (bench/natsbatch: atomic batches
+    # and counters); both take the same flags and print the same JSON line.
+    tool: str = "natsbench"
 
     def messages(self, quick: bool = False, override: int | None = None) -> int:
         if override:

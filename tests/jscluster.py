@@ -232,3 +232,18 @@ cluster {
         self.close()
         return False
 
+
+
+def answers_of_both(tmp_path, session, size: int = 3, timeout: float = 120) -> dict:
+    """``await session(cluster)`` on a fresh cluster of nats-servers and then on one of
+    natsjs servers: ``{"reference": ..., "natsjs": ...}`` (what each returned)."""
+    import asyncio
+    answers = {}
+    for kind in ("reference", "natsjs"):
+        (tmp_path / kind).mkdir()
+        cluster = JSCluster(tmp_path / kind, size, reference=kind == "reference").start()
+        try:
+            answers[kind] = asyncio.run(asyncio.wait_for(session(cluster), timeout))
+        finally:
+            cluster.close()
+    return answers

@@ -27,7 +27,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jsdiff  # noqa: E402
-from jscluster import JSCluster  # noqa: E402
+from jscluster import JSCluster, answers_of_both  # noqa: E402
 from jsdiff import Scenario, compare, run_scenario  # noqa: E402
 
 API = "$JS.API."
@@ -284,14 +284,19 @@ def readable_headers(obj):
     return obj
 
 
-@pytest.mark.parametrize("name", list(SCENARIOS))
-def test_natsjs_matches_reference(name):
-    expected = readable_headers(run_scenario(SCENARIOS[name], "reference"))
-    actual = readable_headers(run_scenario(SCENARIOS[name], "natsjs"))
+def assert_matches_reference(sc: Scenario) -> None:
+    """The scenario's transcripts from nats-server and from natsjs agree."""
+    expected = readable_headers(run_scenario(sc, "reference"))
+    actual = readable_headers(run_scenario(sc, "natsjs"))
     assert any(step.get("reply") for step in expected["steps"])
     diffs = compare(jsdiff.checked(expected), jsdiff.checked(actual))
     assert not diffs, "%d differences (reference != natsjs):\n%s" % (len(diffs),
                                                                     "\n".join(diffs[:60]))
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_natsjs_matches_reference(name):
+    assert_matches_reference(SCENARIOS[name])
 
 
 def _replica_totals(cluster: JSCluster, i: int, stream: str, subjects) -> dict:
@@ -448,14 +453,7 @@ async def _r3_answers(cluster: JSCluster) -> list:
 
 
 def test_r3_counter_answers_match_reference(tmp_path):
-    answers = {}
-    for kind in ("reference", "natsjs"):
-        (tmp_path / kind).mkdir()
-        cluster = JSCluster(tmp_path / kind, 3, reference=kind == "reference").start()
-        try:
-            answers[kind] = asyncio.run(asyncio.wait_for(_r3_answers(cluster), 120))
-        finally:
-            cluster.close()
+    answers = answers_of_both(tmp_path, _r3_answers)
     assert sum("val" in a for a in answers["natsjs"]) >= 5
     diffs = compare(answers["reference"], answers["natsjs"])
     assert not diffs, "\n".join(diffs)

@@ -434,11 +434,10 @@ class Api:
             stream = lookup_stream(jsa, name)
             md = {k: v for k, v in (cfg.get("metadata") or {}).items()
                   if k not in (SC.VERSION_KEY, SC.LEVEL_KEY, SC.REQ_LEVEL_KEY)}
-            old_level = (stream.cfg.get("metadata") or {}).get(SC.REQ_LEVEL_KEY)
             cfg["metadata"] = md
+            # The level the updated configuration needs (lower again when allow_atomic
+            # is turned off), as server/jetstream_api.go jsStreamUpdateRequest sets it.
             SC.set_static_metadata(cfg)
-            if old_level is not None and int(cfg["metadata"][SC.REQ_LEVEL_KEY]) < int(old_level):
-                cfg["metadata"][SC.REQ_LEVEL_KEY] = old_level
             new = await self.off_loop(SC.check_update, stream.cfg, cfg,
                                       self.check_context(jsa, pedantic=pedantic),
                                       self.server.cluster is None)

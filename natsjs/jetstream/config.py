@@ -27,6 +27,11 @@ class ServerJSLimits:
     max_ack_pending: int = 0
     max_ha_assets: int = 0
     duplicate_window: float = 0.0
+    # ``batch {}``: atomic batch publish limits (0: nats-server's defaults).
+    max_batch_inflight_per_stream: int = 0
+    max_batch_inflight_total: int = 0
+    max_batch_size: int = 0
+    max_batch_timeout: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -158,9 +163,29 @@ def _parse_limits(value, parse_duration, unknown) -> ServerJSLimits:
             kw["max_request_batch"] = int(v)
         elif k == "duplicate_window":
             kw["duplicate_window"] = parse_duration(v)
+        elif k == "batch":
+            _parse_batch_limits(v, kw, parse_duration, unknown)
         else:
             unknown(value, key)
     return ServerJSLimits(**kw)
+
+
+def _parse_batch_limits(value, kw: dict, parse_duration, unknown) -> None:
+    """``limits { batch { ... } }`` (server/opts.go parseJetStreamLimitsBatch)."""
+    if not isinstance(value, dict):
+        raise ValueError("Expected a map to define batch limits, got %s" % type(value).__name__)
+    for key, v in value.items():
+        k = key.lower()
+        if k == "max_inflight_per_stream":
+            kw["max_batch_inflight_per_stream"] = int(v)
+        elif k == "max_inflight_total":
+            kw["max_batch_inflight_total"] = int(v)
+        elif k == "max_msgs":
+            kw["max_batch_size"] = int(v)
+        elif k == "timeout":
+            kw["max_batch_timeout"] = parse_duration(v)
+        else:
+            unknown(value, key)
 
 
 def parse_account_jetstream(value, parse_size, unknown) -> AccountJSLimits:

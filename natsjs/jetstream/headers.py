@@ -39,23 +39,18 @@ STREAM_SOURCE = b"Nats-Stream-Source"
 UP_TO_SEQUENCE = b"Nats-UpTo-Sequence"
 
 
+_NEEDLES: dict = {}      # key -> CRLF key ":", for the keys looked up most (bounded)
+
+
 def _key_index(hdr: bytes, key: bytes) -> int:
-    n = len(hdr)
-    k = len(key)
-    offset = 0
-    while True:
-        i = hdr.find(key, offset)
-        if i < 2:
-            return -1
-        if i >= n - 1 or hdr[i - 1] != 10 or hdr[i - 2] != 13:
-            offset = i + k
-            continue
-        if i + k >= n:
-            return -1
-        if hdr[i + k] != 58:        # ':'
-            offset = i + k
-            continue
-        return i
+    """Where the line ``key:`` starts (after a CRLF: the status line comes first), or -1."""
+    needle = _NEEDLES.get(key)
+    if needle is None:
+        needle = CRLF + key + b":"
+        if len(_NEEDLES) < 256:
+            _NEEDLES[key] = needle
+    i = hdr.find(needle)
+    return i + 2 if i >= 0 else -1
 
 
 def get(hdr: bytes | None, key: bytes) -> bytes | None:

@@ -25,6 +25,7 @@ import os
 
 import trio
 
+from natsjs.jetstream import batching
 from natsjs.jetstream import consumercfg as CC
 from natsjs.jetstream import streamcfg as SC
 from natsjs.jetstream.consumer import Consumer
@@ -67,6 +68,7 @@ async def _recover_stream(js, jsa, path: str, dirname: str) -> None:
         return
     report = getattr(store, "recovery", None) or {}
     log_recovery(log, jsa.name, cfg["name"], report)
+    _drop_partial_batch(log, jsa.name, cfg["name"], store)
     consumers = _read_consumers(js, jsa, cfg, os.path.join(path, OBS))
     _keep_sequence(log, jsa.name, cfg["name"], path, store, consumers)
     try:
@@ -83,6 +85,18 @@ async def _recover_stream(js, jsa, path: str, dirname: str) -> None:
     log.info("  Restored %s messages for stream '%s > %s' in %s",
              _commas(st["messages"]), jsa.name, cfg["name"],
              "%.3fms" % (float(report.get("seconds", 0.0)) * 1000))
+
+
+def _drop_partial_batch(log, acc: str, name: str, store) -> None:
+    """An atomic batch whose writing the process did not finish is not kept (none of it
+    was acknowledged): natsjs/jetstream/batching.py."""
+    n = batching.drop_partial_tail(store)
+    if n:
+        s = store.begin_sync()
+        s.run()
+        store.mark_synced(s)
+        log.warn("  Stream '%s > %s': %d messages of an uncommitted atomic batch dropped",
+                 acc, name, n)
 
 
 def _keep_sequence(log, acc: str, name: str, path: str, store, consumers: list) -> None:

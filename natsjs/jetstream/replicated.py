@@ -37,7 +37,7 @@ import trio
 
 from natsjs._core.filelog import FileLog
 from natsjs._core.jsingest import apply_plain, decode_record
-from natsjs.jetstream import catchup
+from natsjs.jetstream import batching, catchup
 from natsjs.jetstream.consumer import Consumer
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns
@@ -321,6 +321,17 @@ class ReplicatedStream(_Replica):
                     # back through write_sourced into this batch.
                     reply(subject, hdr, msg)
                     continue
+                if hdr is not None and batching.BATCH_ID in hdr and \
+                        batching.batch_id(hdr) is not None:
+                    # Staged here; the committed batch is one entry (batching.py).
+                    entry, answer = batching.stage_on_leader(self.stream, subject, reply,
+                                                             hdr, msg, ts)
+                    if entry is not None:
+                        datas.append(entry)
+                        replies.append(reply)
+                    elif reply and not self.stream.cfg["no_ack"]:
+                        self.stream.send_replies([(reply, answer)])
+                    continue
                 datas.append(encode_msg(subject, hdr, msg, ts))
                 replies.append(reply)
         finally:
@@ -419,6 +430,12 @@ class ReplicatedStream(_Replica):
             subject, hdr, msg, ts = decode_msg(data)
             stream.lift_budget()
             self._apply_one(subject, hdr, msg, ts, self._replies.pop(index, None), replies)
+        elif kind == batching.E_ATOMIC:
+            stream.lift_budget()
+            out = batching.apply_entry(stream, data)
+            reply = self._replies.pop(index, None)
+            if reply and not stream.cfg["no_ack"]:
+                replies.append((reply, out))
         elif kind == E_SOURCED:
             mirror_seq = _SEQ.unpack_from(data, 1)[0]
             subject, hdr, msg, ts = decode_msg(data, 1 + _SEQ.size)

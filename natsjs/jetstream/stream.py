@@ -28,7 +28,7 @@ import shutil
 import trio
 
 from natsjs._core.jsingest import StreamSink
-from natsjs.jetstream import counters
+from natsjs.jetstream import batching, counters
 from natsjs.jetstream import headers as H
 from natsjs.jetstream import sourcing
 from natsjs.jetstream.errors import ApiError, error_text
@@ -114,6 +114,7 @@ class Stream:
         self.sync_always = self.js.sync_always
         self.write_error: str | None = None
         self.sourcing = None        # the mirror or sources (sourcing.py), while running
+        self.batches = None         # open atomic batches (batching.py), once there are any
         self._pub_ack_prefix = self._make_pub_ack_prefix()
         self._make_transforms()
         self._sdm = None
@@ -238,6 +239,8 @@ class Stream:
             return
         self.closed = True
         self._sink.plain = False
+        if self.batches is not None:
+            self.batches.clear()
         self._unsubscribe()
         if self.sourcing is not None:
             self.sourcing.stop()
@@ -531,7 +534,11 @@ class Stream:
         """Store one message if nats-server's checks allow it; the PubAck (or None)."""
         cfg = self.cfg
         respond = bool(reply) and not cfg["no_ack"]
-        out = self._process(subject, hdr, msg, ts)
+        if hdr is not None and batching.BATCH_ID in hdr and self.replica is None and \
+                batching.batch_id(hdr) is not None:
+            out = batching.publish(self, subject, hdr, msg)
+        else:
+            out = self._process(subject, hdr, msg, ts)
         if isinstance(out, ApiError):
             return self._error_reply(out) if respond else None
         return out if respond else None
@@ -557,7 +564,9 @@ class Stream:
         self._plain = self._plain_config()
         # A replica's messages go through its Raft group, never straight to the store.
         self._sink.plain = self._plain and not self.closed and self.replica is None
-        self._sink.batching = self.replica is not None and not self.closed
+        # Atomic batches are staged by the leader's Python path (batching.py).
+        self._sink.batching = self.replica is not None and not self.closed and \
+            not self.cfg["allow_atomic"]
         self._sink.max_batch = MAX_INBOX_BYTES
         self._sink.no_ack = self.cfg["no_ack"]
 
@@ -1242,6 +1251,8 @@ class Stream:
         """Apply an accepted update (the checks were done by the API)."""
         old = self.cfg
         self.cfg = cfg
+        if self.batches is not None and not cfg["allow_atomic"]:
+            self.batches.clear()
         self._set_plain()
         leading = self.replica is None or self.replica.is_leader()
         if old["subjects"] != cfg["subjects"]:
