@@ -37,7 +37,7 @@ DISCARD = Enum("DiscardPolicy", ("old", "new"), lower=True)
 STORAGE = Enum("StorageType", ("file", "memory"))
 COMPRESSION = Enum("StoreCompression", ("none", "s2"),
                    unknown="unknown compression algorithm", string_first=True)
-PERSIST = Enum("PersistModeType", ("default", "async"))
+PERSIST = Enum("PersistModeType", ("", "async"), aliases=(("default", ""),))
 
 TRANSFORM = Struct("SubjectTransformConfig", {"src": "string", "dest": "string"})
 EXTERNAL = Struct("ExternalStream", {"api": "string", "deliver": "string"})
