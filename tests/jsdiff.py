@@ -479,6 +479,26 @@ class Scenario:
 
 REFERENCE_RUNS = 4
 
+API = "$JS.API."
+
+
+def registry(scenarios: dict):
+    """A decorator that records a scenario function in ``scenarios`` under its name,
+    with its docstring as what it is about."""
+    def scenario(fn):
+        scenarios[fn.__name__] = Scenario(fn.__name__, fn, (fn.__doc__ or "").strip())
+        return fn
+    return scenario
+
+
+def api(s, what: str, body=None, **kw):
+    """A JetStream API request: ``what`` follows ``$JS.API.``."""
+    return s.request(API + what, body, **kw)
+
+
+async def add_stream(s, name: str, note: str | None = None, **cfg):
+    return await api(s, "STREAM.CREATE." + name, {"name": name, **cfg}, note=note)
+
 
 def start_server(kind: str, store_dir: str, *args: str):
     import conftest

@@ -28,23 +28,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jsdiff  # noqa: E402
 from jscluster import JSCluster  # noqa: E402
-from jsdiff import Scenario, compare, run_scenario  # noqa: E402
+from jsdiff import API, Scenario, add_stream, api, compare, registry, run_scenario  # noqa: E402
 
-API = "$JS.API."
 SCENARIOS: dict[str, Scenario] = {}
-
-
-def scenario(fn):
-    SCENARIOS[fn.__name__] = Scenario(fn.__name__, fn, (fn.__doc__ or "").strip())
-    return fn
-
-
-def api(s, what: str, body=None, **kw):
-    return s.request(API + what, body, **kw)
-
-
-async def add_stream(s, name: str, note: str | None = None, **cfg):
-    return await api(s, "STREAM.CREATE." + name, {"name": name, **cfg}, note=note)
+scenario = registry(SCENARIOS)
 
 
 async def incr(s, subject: str, value: str, note: str | None = None, data=b"", **headers):
