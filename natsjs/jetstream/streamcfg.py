@@ -410,6 +410,8 @@ def _check_sources(cfg: dict, ctx: CheckContext) -> None:
                         cfg["max_msg_size"] < origin["max_msg_size"]:
                     raise ApiError.of("JSMirrorMaxMessageSizeTooBigErr")
                 cfg["mirror_direct"] = origin["allow_direct"]
+    if cfg["sources"] and cfg["allow_msg_schedules"]:
+        raise ApiError.of("JSSourceWithMsgSchedulesErr")
     names = set()
     durables = set()
     for src in cfg["sources"] or []:
