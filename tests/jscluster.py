@@ -9,6 +9,7 @@ the cluster who leads a stream.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -232,3 +233,17 @@ cluster {
         self.close()
         return False
 
+
+
+def answers_on_both(tmp_path, run, size: int = 3, timeout: float = 120) -> dict:
+    """``run(cluster)`` (a coroutine function) on a fresh nats-server cluster and on a fresh
+    natsjs cluster, one after the other: {"reference": .., "natsjs": ..}."""
+    answers = {}
+    for kind in ("reference", "natsjs"):
+        (tmp_path / kind).mkdir()
+        cluster = JSCluster(tmp_path / kind, size, reference=kind == "reference").start()
+        try:
+            answers[kind] = asyncio.run(asyncio.wait_for(run(cluster), timeout))
+        finally:
+            cluster.close()
+    return answers

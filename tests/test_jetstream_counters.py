@@ -27,7 +27,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jsdiff  # noqa: E402
-from jscluster import JSCluster  # noqa: E402
+from jscluster import JSCluster, answers_on_both  # noqa: E402
 from jsdiff import API, Scenario, add_stream, api, compare, registry, run_scenario  # noqa: E402
 
 SCENARIOS: dict[str, Scenario] = {}
@@ -435,14 +435,7 @@ async def _r3_answers(cluster: JSCluster) -> list:
 
 
 def test_r3_counter_answers_match_reference(tmp_path):
-    answers = {}
-    for kind in ("reference", "natsjs"):
-        (tmp_path / kind).mkdir()
-        cluster = JSCluster(tmp_path / kind, 3, reference=kind == "reference").start()
-        try:
-            answers[kind] = asyncio.run(asyncio.wait_for(_r3_answers(cluster), 120))
-        finally:
-            cluster.close()
+    answers = answers_on_both(tmp_path, _r3_answers)
     assert sum("val" in a for a in answers["natsjs"]) >= 5
     diffs = compare(answers["reference"], answers["natsjs"])
     assert not diffs, "\n".join(diffs)

@@ -27,7 +27,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jsdiff  # noqa: E402
-from jscluster import JSCluster  # noqa: E402
+from jscluster import JSCluster, answers_on_both  # noqa: E402
 from jsdiff import API, Scenario, add_stream, api, compare, registry, run_scenario  # noqa: E402
 
 SCENARIOS: dict[str, Scenario] = {}
@@ -269,13 +269,6 @@ async def _r3_promotion_answers(cluster: JSCluster) -> list:
 
 @pytest.mark.parametrize("run", [_r3_reset_answers, _r3_promotion_answers])
 def test_r3_answers_match_reference(tmp_path, run):
-    answers = {}
-    for kind in ("reference", "natsjs"):
-        (tmp_path / kind).mkdir()
-        cluster = JSCluster(tmp_path / kind, 3, reference=kind == "reference").start()
-        try:
-            answers[kind] = asyncio.run(asyncio.wait_for(run(cluster), 120))
-        finally:
-            cluster.close()
+    answers = answers_on_both(tmp_path, run)
     diffs = compare(answers["reference"], answers["natsjs"])
     assert not diffs, "\n".join(diffs)
