@@ -224,9 +224,10 @@ def check(cfg: dict, store, subject: bytes, hdr: bytes) -> bytes | ApiError:
     return hdr
 
 
-def has_headers(hdr: bytes) -> bool:
-    """Whether ``check`` has anything to look at (Nats-Schedule*, Nats-Scheduler)."""
-    return b"Nats-Schedule" in hdr
+def has_headers(hdr: bytes | None) -> bool:
+    """Whether ``check`` has anything to look at (Nats-Schedule*, Nats-Scheduler); a
+    header block may be gone by then (a replicated counter stream's refusal)."""
+    return bool(hdr) and b"Nats-Schedule" in hdr
 
 
 class MsgSchedules:
