@@ -9,6 +9,7 @@ the cluster who leads a stream.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -234,16 +235,15 @@ cluster {
 
 
 
-def answers_of_both(tmp_path, session, size: int = 3, timeout: float = 120) -> dict:
-    """``await session(cluster)`` on a fresh cluster of nats-servers and then on one of
-    natsjs servers: ``{"reference": ..., "natsjs": ...}`` (what each returned)."""
-    import asyncio
+def answers_on_both(tmp_path, run, size: int = 3, timeout: float = 120) -> dict:
+    """``run(cluster)`` (a coroutine function) on a fresh nats-server cluster and on a fresh
+    natsjs cluster, one after the other: {"reference": .., "natsjs": ..}."""
     answers = {}
     for kind in ("reference", "natsjs"):
         (tmp_path / kind).mkdir()
         cluster = JSCluster(tmp_path / kind, size, reference=kind == "reference").start()
         try:
-            answers[kind] = asyncio.run(asyncio.wait_for(session(cluster), timeout))
+            answers[kind] = asyncio.run(asyncio.wait_for(run(cluster), timeout))
         finally:
             cluster.close()
     return answers

@@ -479,6 +479,33 @@ class Scenario:
 
 REFERENCE_RUNS = 4
 
+API = "$JS.API."
+
+
+def registry(scenarios: dict):
+    """A decorator that records a scenario function in ``scenarios`` under its name,
+    with its docstring as what it is about: ``@scenario``, or ``@scenario(*args)`` for
+    a scenario whose servers start with extra arguments."""
+    def record(fn, args=()):
+        scenarios[fn.__name__] = Scenario(fn.__name__, fn, (fn.__doc__ or "").strip(),
+                                          args=tuple(args))
+        return fn
+
+    def scenario(*args):
+        if len(args) == 1 and callable(args[0]):
+            return record(args[0])
+        return lambda fn: record(fn, args)
+    return scenario
+
+
+def api(s, what: str, body=None, **kw):
+    """A JetStream API request: ``what`` follows ``$JS.API.``."""
+    return s.request(API + what, body, **kw)
+
+
+async def add_stream(s, name: str, note: str | None = None, **cfg):
+    return await api(s, "STREAM.CREATE." + name, {"name": name, **cfg}, note=note)
+
 
 def start_server(kind: str, store_dir: str, *args: str):
     import conftest

@@ -25,34 +25,18 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from jscluster import JSCluster, answers_of_both  # noqa: E402
-from jsdiff import Scenario, compare  # noqa: E402
+from jscluster import JSCluster, answers_on_both  # noqa: E402
+from jsdiff import Scenario, add_stream, api, compare, registry  # noqa: E402
 from test_jetstream_counters import _create, assert_matches_reference  # noqa: E402
 
-API = "$JS.API."
 SCENARIOS: dict[str, Scenario] = {}
+scenario = registry(SCENARIOS)
 
 # Small limits for the limits scenario (both servers read the same file).
 _LIMITS = os.path.join(tempfile.mkdtemp(prefix="batch-limits-"), "limits.conf")
 with open(_LIMITS, "w") as _f:
     _f.write("jetstream { limits { batch { max_inflight_per_stream: 2, "
              "max_inflight_total: 3, max_msgs: 4, timeout: \"1s\" } } }\n")
-
-
-def scenario(*args):
-    def wrap(fn):
-        SCENARIOS[fn.__name__] = Scenario(fn.__name__, fn, (fn.__doc__ or "").strip(),
-                                          args=args)
-        return fn
-    return wrap
-
-
-def api(s, what: str, body=None, **kw):
-    return s.request(API + what, body, **kw)
-
-
-async def add_stream(s, name: str, note: str | None = None, **cfg):
-    return await api(s, "STREAM.CREATE." + name, {"name": name, **cfg}, note=note)
 
 
 def bmsg(s, subject: str, bid: str, seq, data=b"x", commit=None, note=None, **headers):
@@ -291,7 +275,7 @@ async def _r3_answers(cluster: JSCluster) -> list:
 
 
 def test_r3_answers_match_reference(tmp_path):
-    answers = answers_of_both(tmp_path, _r3_answers)
+    answers = answers_on_both(tmp_path, _r3_answers)
     assert sum(isinstance(a, dict) and "batch" in a for a in answers["natsjs"]) == 3
     diffs = compare(answers["reference"], answers["natsjs"])
     assert not diffs, "\n".join(diffs)

@@ -27,24 +27,11 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jsdiff  # noqa: E402
-from jscluster import JSCluster, answers_of_both  # noqa: E402
-from jsdiff import Scenario, compare, run_scenario  # noqa: E402
+from jscluster import JSCluster, answers_on_both  # noqa: E402
+from jsdiff import API, Scenario, add_stream, api, compare, registry, run_scenario  # noqa: E402
 
-API = "$JS.API."
 SCENARIOS: dict[str, Scenario] = {}
-
-
-def scenario(fn):
-    SCENARIOS[fn.__name__] = Scenario(fn.__name__, fn, (fn.__doc__ or "").strip())
-    return fn
-
-
-def api(s, what: str, body=None, **kw):
-    return s.request(API + what, body, **kw)
-
-
-async def add_stream(s, name: str, note: str | None = None, **cfg):
-    return await api(s, "STREAM.CREATE." + name, {"name": name, **cfg}, note=note)
+scenario = registry(SCENARIOS)
 
 
 async def incr(s, subject: str, value: str, note: str | None = None, data=b"", **headers):
@@ -453,7 +440,7 @@ async def _r3_answers(cluster: JSCluster) -> list:
 
 
 def test_r3_counter_answers_match_reference(tmp_path):
-    answers = answers_of_both(tmp_path, _r3_answers)
+    answers = answers_on_both(tmp_path, _r3_answers)
     assert sum("val" in a for a in answers["natsjs"]) >= 5
     diffs = compare(answers["reference"], answers["natsjs"])
     assert not diffs, "\n".join(diffs)

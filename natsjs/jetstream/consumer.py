@@ -31,9 +31,11 @@ import trio
 from natsjs._core.jsdeliver import deliver_run
 from natsjs.accounts import exact_interest
 from natsjs.jetstream import headers as H
+from natsjs.jetstream.apicore import check_api_level
 from natsjs.jetstream.consumercfg import (config_json, filters_of, is_durable, pause_ns,
                                           with_dynamic_metadata)
 from natsjs.jetstream.errors import ApiError
+from natsjs.jetstream.gojson import go_json
 from natsjs.jetstream.jstime import ZERO_TIME, go_duration, now_ns, parse_go_duration, rfc3339_nano
 from natsjs.jetstream.pacing import Pacer
 from natsjs.jetstream.schema import DecodeError, Struct, unmarshal
@@ -304,6 +306,8 @@ class Consumer:
         # A push consumer listens too, to say it is push based (server/consumer.go).
         self._subs.append(self.js.subscribe(
             acc, b"$JS.API.CONSUMER.MSG.NEXT." + base, self._on_next))
+        self._subs.append(self.js.subscribe(
+            acc, b"$JS.API.CONSUMER.RESET." + base, self._on_reset))
         if self.push:
             self._subs.append(self.js.subscribe(acc, b"$JS.FC." + base + b".*", self._on_fc))
             self.js.watch_deliver(self, self.cfg["deliver_subject"])
@@ -414,16 +418,80 @@ class Consumer:
         """A source's durable consumer asked for again: deliver anew from after the last
         acknowledged message, delivery sequences from 1 (server/consumer.go
         resetStartingSeq)."""
+        self.reset_to(self.st.asflr + 1)
+
+    def reset_seq(self, seq: int) -> int:
+        """server/consumer.go resetStartingSeqLocked: where a CONSUMER.RESET to ``seq``
+        (0: the ack floor) starts; ValueError with nats-server's words when the deliver
+        policy does not allow it."""
+        cfg = self.cfg
+        dp = cfg["deliver_policy"]
+        if seq == 0:
+            seq = self.st.asflr + 1
+        elif dp == "by_start_sequence":
+            if seq < cfg["opt_start_seq"]:
+                raise ValueError("below start seq")
+        elif dp == "by_start_time":
+            try:
+                first = self.stream._seq_from_time(cfg["opt_start_time"])
+            except ValueError:
+                first = self.stream.store.last_seq + 1
+            if seq < first:
+                raise ValueError("below start time")
+        elif dp != "all":
+            raise ValueError("not allowed")
+        return max(seq, 1)
+
+    def _on_reset(self, sub, subject, reply, hdr, msg) -> None:
+        """$JS.API.CONSUMER.RESET.<stream>.<consumer> (server/consumer.go
+        processResetReq): the consumer starts again at a sequence; a replicated one once
+        its group has the reset (answered then, replicated.py)."""
+        if not reply:
+            return
+        h, body = (msg[:hdr], msg[hdr:]) if hdr and hdr > 0 else (None, msg)
+        try:
+            check_api_level(h)
+            req = unmarshal(body, RESET_REQUEST) if body else {}
+        except DecodeError as exc:
+            return self.answer_reset(reply, error=ApiError.of("JSInvalidJSONErr", err=str(exc)))
+        except ApiError as exc:
+            return self.answer_reset(reply, error=exc)
+        try:
+            seq = self.reset_seq(req.get("seq", 0))
+        except ValueError as exc:
+            return self.answer_reset(reply, error=ApiError.of("JSConsumerInvalidResetErr",
+                                                              err=str(exc)))
+        if self.replica is not None:
+            self.replica.propose_reset(seq, reply)
+            return
+        self.reset_to(seq)
+        self.answer_reset(reply, seq)
+
+    def answer_reset(self, reply: bytes, seq: int = 0, error: ApiError | None = None) -> None:
+        """The consumer_reset_response: the consumer's info and ``reset_seq``, or the
+        error (``reset_seq`` is always written, as Go does)."""
+        resp = {"type": RESET_RESPONSE}
+        if error is not None:
+            resp["error"] = error.to_dict()
+        else:
+            resp.update(self.info())
+        resp["reset_seq"] = seq
+        self.server.deliver(self.stream.jsa.account, reply, None, go_json(resp))
+
+    def reset_to(self, seq: int) -> None:
+        """Deliver anew from stream sequence ``seq``, delivery sequences from 1, nothing
+        pending (server/consumer.go resetLocalStartingSeq)."""
         st = self.st
-        seq = st.asflr + 1
         st.pending.clear()
         st.rdc.clear()
         self.rdq = []
         self._rdq_set = set()
+        st.acked_ahead.clear()
         st.sseq, st.dseq = seq, 1
         st.adflr, st.asflr = 0, seq - 1
         self._fcid = None
         self._fcsz = self._pbytes = 0
+        self._ldt = self._lat = 0
         self._note_state_change()
         self.stream_changed()
 
@@ -1345,6 +1413,9 @@ def _copy_state(st: ConsumerState) -> ConsumerState:
     c.acked_ahead = set(st.acked_ahead)
     return c
 
+
+RESET_REQUEST = Struct("JSApiConsumerResetRequest", {"seq": "uint64"})
+RESET_RESPONSE = "io.nats.jetstream.api.v1.consumer_reset_response"
 
 # server/jetstream_api.go JSApiConsumerGetNextRequest with its embedded PriorityGroup,
 # decoded through a pointer, so Go names the struct "" in its errors.

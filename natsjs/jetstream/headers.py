@@ -9,6 +9,8 @@ plain byte searches beat building a dict.
 """
 from __future__ import annotations
 
+from natsjs.jetstream.jstime import parse_go_duration
+
 HDR_LINE = b"NATS/1.0\r\n"
 CRLF = b"\r\n"
 
@@ -128,3 +130,40 @@ def set_first(hdr: bytes | None, key: bytes, value: bytes) -> bytes:
     if end < 0:
         return hdr
     return hdr[:start] + value + hdr[end:]
+
+
+def parse_ttl(raw: bytes) -> int | None:
+    """server/stream.go parseMessageTTL: seconds; -1 never; None when invalid."""
+    text = raw.decode("utf-8", "replace").strip()
+    if text.lower() == "never":
+        return -1
+    try:
+        ns = parse_go_duration(text)
+    except ValueError:
+        if text.isdigit():
+            return int(text)
+        return None
+    if ns < 1_000_000_000:
+        return None
+    return ns // 1_000_000_000
+
+
+def remove_prefixed(hdr: bytes | None, prefix: bytes) -> bytes | None:
+    """server/client.go removeHeaderIfPrefixPresent: every line whose key starts with
+    ``prefix`` goes (None when nothing is left)."""
+    index = 0
+    while hdr and index < len(hdr):
+        start = hdr.find(prefix, index)
+        if start < 0:
+            return hdr
+        if start < 1 or hdr[start - 1] != 10:
+            index = start + len(prefix)
+            continue
+        end = hdr.find(CRLF, start + len(prefix))
+        if end < 0:
+            return hdr
+        hdr = hdr[:start] + hdr[end + 2:]
+        index = start
+        if len(hdr) <= len(HDR_LINE) + 2:
+            return None
+    return hdr

@@ -910,6 +910,11 @@ class ReplicatedConsumer(_Replica):
         parts.extend(_DITEM.pack(*item) for item in batch)
         self._propose(b"".join(parts))
 
+    def propose_reset(self, seq: int, reply: bytes) -> None:
+        """A CONSUMER.RESET: every replica (the leader too) resets when the group has
+        it, and the leader answers then (server/consumer.go resetSeqOp)."""
+        self._propose(E_RESET + _RESET.pack(seq) + reply)
+
     def _propose(self, data: bytes) -> int | None:
         try:
             return self.raft.propose(data)
@@ -923,7 +928,12 @@ class ReplicatedConsumer(_Replica):
         leading = self._active
         for index, term, data in entries:
             self._since_snapshot += 1
-            if not leading:
+            if data[:1] == E_RESET:
+                seq = _RESET.unpack_from(data, 1)[0]
+                c.reset_to(seq)
+                if leading and len(data) > 1 + _RESET.size:
+                    c.answer_reset(bytes(data[1 + _RESET.size:]), seq)
+            elif not leading:
                 # The leader changed its state when it happened; followers follow here.
                 kind = data[:1]
                 if kind == E_STATE:
@@ -1049,7 +1059,9 @@ class ReplicatedConsumer(_Replica):
 
 E_STATE = b"S"          # <BQQqq> op, a, b and the ack floor after it
 E_DELIVERED = b"D"      # <QQqqI> next stream and delivery seq, ack floor, count; items
+E_RESET = b"R"          # <Q> the sequence a CONSUMER.RESET starts at, then its reply
 _STATE = struct.Struct("<BQQqq")
+_RESET = struct.Struct("<Q")
 _DHEAD = struct.Struct("<QQqqI")
 _DITEM = struct.Struct("<QQI")     # stream seq, delivery seq, delivery count
 CONSUMER_SNAPSHOT_EVERY = 4096

@@ -48,6 +48,9 @@ class Enum:
     # error.
     unknown: str = "can not unmarshal {quoted}"
     string_first: bool = False
+    # Other texts its UnmarshalJSON takes, as (text, value) pairs: PersistModeType reads
+    # "default" and "" alike, as its zero value, which the encoder then leaves out.
+    aliases: tuple = ()
 
 
 class GoFloat(float):
@@ -152,6 +155,9 @@ def _decode(value, t, where: str):
     if isinstance(t, Enum):
         if t.string_first and not isinstance(value, str):
             raise _type_error(value, "string", "")
+        for text, alias in t.aliases:
+            if value == text:
+                return alias
         if not isinstance(value, str) or (value.lower() if t.lower else value) not in t.values:
             raw = _number_text(value) if isinstance(value, float) else \
                 json.dumps(value, separators=(",", ":"))

@@ -30,9 +30,10 @@ import trio
 from natsjs._core.jsingest import StreamSink
 from natsjs.jetstream import batching, counters
 from natsjs.jetstream import headers as H
+from natsjs.jetstream import schedules
 from natsjs.jetstream import sourcing
 from natsjs.jetstream.errors import ApiError, error_text
-from natsjs.jetstream.jstime import now_ns, parse_go_duration, parse_rfc3339, rfc3339_nano
+from natsjs.jetstream.jstime import now_ns, parse_rfc3339, rfc3339_nano
 from natsjs.jetstream.markers import SubjectDeleteMarkers, min_ttl
 from natsjs.jetstream.streamcfg import config_json, with_dynamic_metadata
 from natsjs.jetstream.store import write_store_state
@@ -119,6 +120,8 @@ class Stream:
         self._make_transforms()
         self._sdm = None
         self._make_markers()
+        self.schedules = None
+        self._make_schedules()
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -136,6 +139,15 @@ class Stream:
             self._sdm = SubjectDeleteMarkers(self)
         elif not on:
             self._sdm = None
+
+    def _make_schedules(self) -> None:
+        """allow_msg_schedules: the stream fires its schedules (schedules.py)."""
+        cur = self.schedules
+        self.schedules = schedules.MsgSchedules.for_stream(self, cur)
+        nursery = getattr(self, "_nursery", None)
+        if self.schedules is not None and cur is None and nursery is not None:
+            self.schedules.rebuild()
+            nursery.start_soon(self.schedules.run)
 
     def _make_transforms(self) -> None:
         """The stream's subject transform (applied to every message it takes in) and
@@ -181,6 +193,8 @@ class Stream:
                     c.start(nursery)
                 if self.sourcing is not None:
                     nursery.start_soon(self.sourcing.run)
+                if self.schedules is not None:
+                    nursery.start_soon(self.schedules.run)
                 self._nursery = nursery
                 await trio.sleep_forever()
 
@@ -268,6 +282,8 @@ class Stream:
         schedule are read again from what the store holds, so duplicates are then
         judged as by any other replica holding the same messages."""
         store = self.store
+        if self.schedules is not None:
+            self.schedules.rebuild()
         window = self.cfg["duplicate_window"]
         now = now_ns()
         has_ttl = self.cfg["allow_msg_ttl"]
@@ -631,9 +647,9 @@ class Stream:
             raw_ttl = H.get(hdr, H.MSG_TTL)
             if raw_ttl and sourced:
                 # The origin checked it; kept as it is, honoured only if we allow TTLs.
-                ttl = (_parse_ttl(raw_ttl) or 0) if cfg["allow_msg_ttl"] else 0
+                ttl = (H.parse_ttl(raw_ttl) or 0) if cfg["allow_msg_ttl"] else 0
             elif raw_ttl:
-                ttl = _parse_ttl(raw_ttl)
+                ttl = H.parse_ttl(raw_ttl)
                 if ttl is None:
                     if not cfg["allow_msg_ttl"]:
                         return ApiError.of("JSMessageTTLDisabledErr")
@@ -655,6 +671,10 @@ class Stream:
                 want = _parse_uint(exp)
                 if want is None or want != self.lseq:
                     return ApiError.of("JSStreamWrongLastSequenceErrF", seq=self.lseq)
+            if not sourced and schedules.has_headers(hdr):
+                hdr = schedules.check(cfg, store, subject, hdr)
+                if hdr.__class__ is ApiError:
+                    return hdr
             if not sourced and H.get(hdr, H.STREAM_SOURCE):
                 return ApiError.of("JSMessageSourceHdrNotAllowedErr")
             mid = H.get(hdr, H.MSG_ID)
@@ -725,6 +745,8 @@ class Stream:
         self._stored(seq, msg_id, ts)
         if rollup:
             self._rollup(subject, rollup, keep=1)
+        if self.schedules is not None and hdr and self.schedules.stored(seq, subject, hdr, ts):
+            self.purge(subject=H.get(hdr, schedules.SCHEDULER).decode())
         self._enforce_limits(subject)
         if ttl > 0:
             heapq.heappush(self._ttls, (ts + ttl * 1_000_000_000, seq))
@@ -1263,6 +1285,7 @@ class Stream:
                 self._subs = self.js.subscribe_all(acc, cfg["subjects"] or [], self._sink)
         self._make_transforms()
         self._make_markers()
+        self._make_schedules()
         self._update_direct()
         if leading:
             self.sourcing = sourcing.update_for_stream(self, old)
@@ -1304,27 +1327,11 @@ def _parse_uint(v: bytes) -> int | None:
     return int(v) if v.isdigit() else None
 
 
-def _parse_ttl(raw: bytes) -> int | None:
-    """server/stream.go parseMessageTTL: seconds; -1 never; None when invalid."""
-    text = raw.decode("utf-8", "replace").strip()
-    if text.lower() == "never":
-        return -1
-    try:
-        ns = parse_go_duration(text)
-    except ValueError:
-        if text.isdigit():
-            return int(text)
-        return None
-    if ns < 1_000_000_000:
-        return None
-    return ns // 1_000_000_000
-
-
 def _ttl_seconds(hdr: bytes) -> int:
     raw = H.get(hdr, H.MSG_TTL)
     if not raw:
         return 0
-    return _parse_ttl(raw) or 0
+    return H.parse_ttl(raw) or 0
 
 
 __all__ = ["Stream", "subject_matches"]

@@ -37,7 +37,7 @@ DISCARD = Enum("DiscardPolicy", ("old", "new"), lower=True)
 STORAGE = Enum("StorageType", ("file", "memory"))
 COMPRESSION = Enum("StoreCompression", ("none", "s2"),
                    unknown="unknown compression algorithm", string_first=True)
-PERSIST = Enum("PersistModeType", ("default", "async"))
+PERSIST = Enum("PersistModeType", ("", "async"), aliases=(("default", ""),))
 
 TRANSFORM = Struct("SubjectTransformConfig", {"src": "string", "dest": "string"})
 EXTERNAL = Struct("ExternalStream", {"api": "string", "deliver": "string"})
@@ -410,6 +410,8 @@ def _check_sources(cfg: dict, ctx: CheckContext) -> None:
                         cfg["max_msg_size"] < origin["max_msg_size"]:
                     raise ApiError.of("JSMirrorMaxMessageSizeTooBigErr")
                 cfg["mirror_direct"] = origin["allow_direct"]
+    if cfg["sources"] and cfg["allow_msg_schedules"]:
+        raise ApiError.of("JSSourceWithMsgSchedulesErr")
     names = set()
     durables = set()
     for src in cfg["sources"] or []:
