@@ -238,8 +238,7 @@ def _check(stream, msgs: list, ts: int):
                 return ApiError.of("JSStreamNotMatchErr")
             raw_ttl = H.get(hdr, H.MSG_TTL)
             if raw_ttl:
-                from natsjs.jetstream.stream import _parse_ttl
-                ttl = _parse_ttl(raw_ttl)
+                ttl = H.parse_ttl(raw_ttl)
                 if ttl is None or ttl != 0:
                     if not cfg["allow_msg_ttl"]:
                         return ApiError.of("JSMessageTTLDisabledErr")
