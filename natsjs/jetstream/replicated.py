@@ -41,6 +41,7 @@ from natsjs.jetstream import catchup
 from natsjs.jetstream.consumer import Consumer
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns
+from natsjs.jetstream.priority import announce_created_paused
 from natsjs.jetstream.raft import ConfigChangeInProgress, NotLeader, RaftConfig
 from natsjs.jetstream.raft_driver import DirFiles, RaftService, RaftStorage, StateMachine
 from natsjs.jetstream.recovery import log_recovery
@@ -877,6 +878,7 @@ class ReplicatedConsumer(_Replica):
             self._answered_create = True
             resp = {"type": "io.nats.jetstream.api.v1.consumer_create_response", **c.info()}
             self.js.api.answer(self.ca["reply"].encode(), resp)
+            announce_created_paused(c)
 
     # ---- state changes through the log ----------------------------------------------------
 
