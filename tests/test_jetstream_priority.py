@@ -250,3 +250,156 @@ def test_natsjs_matches_reference(name):
     diffs = compare(jsdiff.checked(expected), jsdiff.checked(actual))
     assert not diffs, "%d differences (reference != natsjs):\n%s" % (len(diffs),
                                                                     "\n".join(diffs[:60]))
+
+
+# -- replicated consumers ------------------------------------------------------------------
+
+async def _ask(nc, subject: str, body=None, timeout: float = 10.0):
+    """An API request, asked again while unanswered (a cluster that just elected a
+    leader, nats-server's too, may drop the first one); the reply's JSON."""
+    data = body if isinstance(body, bytes) else json.dumps(body or {}).encode()
+    for _ in range(5):
+        try:
+            msg = await nc.request(subject, data, timeout=timeout)
+        except nats.errors.TimeoutError:
+            continue
+        return json.loads(msg.data)
+    raise TimeoutError("%s never answered" % subject)
+
+
+async def _pull(nc, consumer: str, body: dict, wait: float = 3.0):
+    """One pull request: (status, its text or the payload, Nats-Pin-Id) of its first
+    answer, or None."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish(NEXT + consumer, json.dumps(body).encode(), reply=inbox)
+    try:
+        msg = await sub.next_msg(timeout=wait)
+    except nats.errors.TimeoutError:
+        return None
+    finally:
+        await sub.unsubscribe()
+    h = msg.headers or {}
+    if h.get("Status"):
+        return h["Status"], h.get("Description", ""), None
+    return None, msg.data.decode(), h.get("Nats-Pin-Id")
+
+
+class Pins:
+    """Pin ids as the order they were made in (pin1, pin2, ...)."""
+
+    def __init__(self):
+        self.seen: dict[str, str] = {}
+
+    def __call__(self, pin):
+        if not pin:
+            return pin
+        return self.seen.setdefault(pin, "pin%d" % (len(self.seen) + 1))
+
+
+async def _replicated_story(cluster: JSCluster, replicas: int) -> list:
+    """What a client sees of a pinned, then paused, consumer with ``replicas`` replicas
+    on an R3 stream (a step-down of its leader on the way when it is R3)."""
+    nc = await nats.connect([cluster.url(j) for j in range(3)])
+    out: list = []
+    pins = Pins()
+    adv = []
+    try:
+        async def note(msg):
+            adv.append((msg.subject, json.loads(msg.data)))
+        sub = await nc.subscribe(ADV + "*.S.C", cb=note)
+        await nc.flush()
+        reply = await _ask(nc, API + "STREAM.CREATE.S",
+                           {"name": "S", "subjects": ["s.>"], "num_replicas": 3})
+        assert "error" not in reply, reply
+        for i in range(8):
+            await nc.request("s.%d" % i, b"m%d" % i, timeout=10)
+        reply = await _ask(nc, API + "CONSUMER.CREATE.S.C", {
+            "stream_name": "S", "config": {
+                "durable_name": "C", "ack_policy": "explicit", "num_replicas": replicas,
+                "priority_policy": "pinned_client", "priority_groups": ["A"]}})
+        assert "error" not in reply, reply
+        out.append(("created", reply["config"]["priority_timeout"]))
+
+        async def pull(note, **body):
+            got = await _pull(nc, "C", {"batch": 1, "group": "A", "expires": 1_000 * MS,
+                                        **body})
+            if got is not None and got[2]:
+                got = got[:2] + (pins(got[2]),)
+            out.append((note, got))
+            return got
+
+        async def info(note):
+            r = await _ask(nc, API + "CONSUMER.INFO.S.C")
+            pg = r["priority_groups"][0]
+            out.append((note, pins(pg.get("pinned_client_id")),
+                        pg["pinned_ts"] != "0001-01-01T00:00:00Z", r.get("paused", False)))
+            return r
+
+        got = await pull("pins")
+        pin = next(k for k, v in pins.seen.items() if v == got[2])
+        await info("pinned")
+        await pull("a wrong id", id="WRONG")
+        await pull("the pinned client", id=pin)
+        out.append(("unpin", await _ask(nc, API + "CONSUMER.UNPIN.S.C", {"group": "A"})))
+        await pull("the old pin", id=pin)
+        got = await pull("pins anew")
+        pin = next(k for k, v in pins.seen.items() if v == got[2])
+        if replicas > 1:
+            before = (await info("before the step-down"))["cluster"]["leader"]
+            reply = await _ask(nc, API + "CONSUMER.LEADER.STEPDOWN.S.C")
+            out.append(("step-down", reply.get("success"), reply.get("error")))
+            for _ in range(100):
+                r = await _ask(nc, API + "CONSUMER.INFO.S.C")
+                if r.get("cluster", {}).get("leader") not in (None, before):
+                    break
+                await asyncio.sleep(0.1)      # polling for the new leader, not a sync
+            await info("a new leader")
+            await pull("the pin of the old leader", id=pin)
+            await pull("the new leader pins")
+        out.append(("pause", (await _ask(nc, API + "CONSUMER.PAUSE.S.C",
+                                         {"pause_until": later(30)}))["paused"]))
+        for _ in range(50):
+            # nats-server answers a pause once proposed: its info shows the pause a
+            # little later (polling, not a synchronisation).
+            if (await _ask(nc, API + "CONSUMER.INFO.S.C")).get("paused"):
+                break
+            await asyncio.sleep(0.1)
+        await info("paused")
+        await pull("while paused", expires=300 * MS)
+        out.append(("resume", (await _ask(nc, API + "CONSUMER.PAUSE.S.C"))["paused"]))
+        await pull("resumed")
+        await nc.flush()
+        await asyncio.sleep(0.5)      # advisories still on their way (none is awaited)
+        await sub.unsubscribe()
+    finally:
+        await nc.close()
+    out.append(("advisories", sorted(_advisory_summary(a, pins) for a in adv
+                                     if a[0].split(".")[4] in ("PINNED", "UNPINNED",
+                                                               "PAUSE"))))
+    return out
+
+
+def _advisory_summary(a, pins) -> str:
+    subject, ev = a
+    kind = subject.split(".")[4]
+    if kind in ("PINNED", "UNPINNED"):
+        return "%s %s %s %s" % (kind, ev["group"], pins(ev.get("pinned_id")),
+                                ev.get("reason"))
+    return "PAUSE %s" % ev["paused"]
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_replicated_pins_and_pauses_as_reference(tmp_path, replicas):
+    """R1 and R3 consumers on an R3 stream: natsjs's cluster shows a client what a
+    cluster of nats-servers shows (pins, 423s, the pin a new leader forgets, pauses and
+    their advisories, each sent once)."""
+    stories = {}
+    for kind in ("reference", "natsjs"):
+        (tmp_path / kind).mkdir()
+        with JSCluster(tmp_path / kind, 3, reference=kind == "reference") as cluster:
+            cluster.start()
+            stories[kind] = asyncio.run(_replicated_story(cluster, replicas))
+    expected, actual = stories["reference"], stories["natsjs"]
+    assert ("pins", (None, "m0", "pin1")) in expected
+    assert actual == expected

@@ -621,7 +621,7 @@ class Api:
         out = {"type": T + rtype, **consumer.info()}
         if identity is not None:
             out[RESPONSE_HEADERS] = H.make(0, "", [(b"Nats-Stream-Identity", identity.encode())])
-        priority.announce_created_paused(consumer)
+        priority.announce_paused(consumer)
         return out
 
     async def add_consumer(self, jsa, stream: Stream, config: dict, action: str,

@@ -214,10 +214,10 @@ def pause_advisory(c, cfg: dict, until: int) -> None:
                   "io.nats.jetstream.advisory.v1.consumer_pause", body, c.stream.jsa.account)
 
 
-def announce_created_paused(c) -> None:
-    """A consumer created paused says so once its create is answered
-    (server/jetstream_api.go jsConsumerCreateRequest, jetstream_cluster.go
-    processClusterCreateConsumer): its end is announced when it comes."""
+def announce_paused(c) -> None:
+    """A paused consumer says so: once its create is answered
+    (server/jetstream_api.go jsConsumerCreateRequest), and in a cluster whenever a
+    replica starts leading it (jetstream_cluster.go processConsumerLeaderChange)."""
     if c.paused_until and now_ns() < c.paused_until:
         pause_advisory(c, c.cfg, c.paused_until)
 

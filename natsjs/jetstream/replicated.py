@@ -41,7 +41,7 @@ from natsjs.jetstream import catchup
 from natsjs.jetstream.consumer import Consumer
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns
-from natsjs.jetstream.priority import announce_created_paused
+from natsjs.jetstream.priority import announce_paused
 from natsjs.jetstream.raft import ConfigChangeInProgress, NotLeader, RaftConfig
 from natsjs.jetstream.raft_driver import DirFiles, RaftService, RaftStorage, StateMachine
 from natsjs.jetstream.recovery import log_recovery
@@ -872,13 +872,15 @@ class ReplicatedConsumer(_Replica):
         c = self.consumer
         self._active = True
         c.set_active_leader(True)
+        # Each new leader of a paused consumer says it is paused (server/
+        # jetstream_cluster.go processConsumerLeaderChange), its first one included.
+        announce_paused(c)
         self.reconcile_members()
         self.js.api.unpark(self)
         if not self._answered_create and self.ca.get("reply"):
             self._answered_create = True
             resp = {"type": "io.nats.jetstream.api.v1.consumer_create_response", **c.info()}
             self.js.api.answer(self.ca["reply"].encode(), resp)
-            announce_created_paused(c)
 
     # ---- state changes through the log ----------------------------------------------------
 
@@ -1009,6 +1011,11 @@ class ReplicatedConsumer(_Replica):
         self.peers = list(ca["group"]["peers"])
         if ca["cfg"] != self.consumer.cfg:
             self.consumer.update_config(ca["cfg"])
+            if len(self.peers) == 1 and self.is_leader():
+                # nats-server runs an R1 consumer's leader change again on each update
+                # of its assignment (processClusterCreateConsumer), and with it the
+                # paused advisory.
+                announce_paused(self.consumer)
         if self.peers != old_peers:
             self.reconcile_members()
 
