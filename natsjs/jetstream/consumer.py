@@ -149,6 +149,7 @@ class Consumer:
         # Priority groups (priority.py): the policy, and the pinned client's pin.
         self.policy = cfg["priority_policy"]
         self.pin = P.Pin(self)
+        self._passed_over = False     # every waiting request passed the last message by
         self._npc = None                    # num pending cache, valid through _npf
         self._npf = 0
         self._now = 0                       # the clock, read once per delivery burst
@@ -484,6 +485,7 @@ class Consumer:
     def _deliver_some(self) -> bool:
         """Deliver what is ready, up to a turn's burst; True when the turn stopped at its
         burst (more may be ready)."""
+        self._passed_over = False
         if self.paused_until and now_ns() < self.paused_until:
             return False
         if self._pace_until:
@@ -863,6 +865,7 @@ class Consumer:
                     self.waiting.rotate(-1)
                     passed += 1
                     if passed >= len(self.waiting):
+                        self._passed_over = True
                         return None
                     continue
                 if verdict == P.REFUSE:
@@ -1000,10 +1003,13 @@ class Consumer:
         return min(due) if due else None
 
     def _at_end(self) -> bool:
-        """Nothing to deliver now: the end of the stream, or paused (server/consumer.go
-        loopAndGatherMsgs answers no_wait requests whenever it has to wait)."""
+        """Nothing to deliver now: the end of the stream, paused, or no waiting request
+        may have the next message (server/consumer.go loopAndGatherMsgs answers no_wait
+        requests whenever it has to wait)."""
         if self.paused_until and now_ns() < self.paused_until:
             return True
+        if self._passed_over:
+            return True       # no waiting request may have the next message
         return not self.rdq and self.num_pending() == 0
 
     def _inactive_deadline(self, now: float) -> float | None:
