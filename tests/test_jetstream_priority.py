@@ -137,6 +137,8 @@ async def overflow(s):
     await s.requests(NEXT + "OV", {"batch": 1, "group": "A", "min_ack_pending": 3,
                                    "min_pending": 100, "expires": 300 * MS}, count=2,
                      note="either minimum")
+    await s.requests(NEXT + "OV", {"batch": 1, "group": "A", "min_pending": 100,
+                                   "no_wait": True}, count=2, note="no_wait, too few")
     await s.requests(NEXT + "OV", {"batch": 1, "group": "A", "expires": 300 * MS}, count=2,
                      note="no minimum")
     await api(s, "CONSUMER.INFO.S.OV")
@@ -193,6 +195,73 @@ async def pin_timeout(s):
                      count=1, note="pins")
     await s.collect(unpinned, 1, timeout=4.0, note="times out")
     await api(s, "CONSUMER.INFO.S.PIN", note="unpinned")
+
+
+@scenario
+async def pin_renewed(s):
+    """Each request of the pinned client starts priority_timeout again: the pin outlives
+    its first deadline, then ends a timeout after the last request.  (Requests that
+    wait until they expire are the clock: no sleeping.)"""
+    await stream_with(s, 3)
+    unpinned = await s.subscribe(ADV + "UNPINNED.S.PIN")
+    await consumer(s, "PIN", priority_policy="pinned_client", priority_groups=["A"],
+                   priority_timeout=2_000 * MS)
+    got = await s.requests(NEXT + "PIN", {"batch": 1, "group": "A", "expires": 1000 * MS},
+                           count=1, note="pins")
+    pin = got[0].header("Nats-Pin-Id") if got else ""
+    await s.requests(NEXT + "PIN", {"batch": 1, "group": "A", "expires": 1200 * MS},
+                     count=1, note="another waits 1.2s")
+    await s.requests(NEXT + "PIN", {"batch": 1, "group": "A", "id": pin,
+                                    "expires": 1000 * MS}, count=1, note="renews")
+    await s.requests(NEXT + "PIN", {"batch": 1, "group": "A", "expires": 1200 * MS},
+                     count=1, note="another waits past the first deadline")
+    await api(s, "CONSUMER.INFO.S.PIN", note="still pinned")
+    await s.collect(unpinned, 1, timeout=4.0, note="times out")
+
+
+@scenario
+async def pin_edges(s):
+    """A pin taken by a request that cannot take the message (max_bytes) is let go; a
+    no_wait request of another client; a plain pull request; unpinning a consumer of
+    another policy."""
+    await stream_with(s, 3)
+    pinned = await s.subscribe(ADV + "PINNED.S.PIN")
+    await consumer(s, "PIN", priority_policy="pinned_client", priority_groups=["A"])
+    await consumer(s, "OV", priority_policy="overflow", priority_groups=["A"])
+    await consumer(s, "PLAIN")
+    await s.requests(NEXT + "PIN", {"batch": 1, "group": "A", "max_bytes": 5,
+                                    "expires": 1000 * MS}, count=2, note="too small")
+    await s.collect(pinned, 1, note="pinned then let go")
+    await api(s, "CONSUMER.INFO.S.PIN", note="no pin")
+    await s.requests(NEXT + "PIN", b"", count=1, timeout=1.0, note="an empty request")
+    await api(s, "CONSUMER.INFO.S.PIN", note="after the empty request")
+    await s.requests(NEXT + "PIN", {"batch": 1, "group": "A", "expires": 1000 * MS},
+                     count=1, note="pins")
+    await s.collect(pinned, 1, note="pinned")
+    await s.requests(NEXT + "PIN", {"batch": 1, "group": "A", "no_wait": True}, count=1,
+                     note="no_wait, not pinned")
+    await s.requests(NEXT + "PIN", {"batch": 5, "group": "A", "no_wait": True}, count=1,
+                     note="no_wait, more than pending")
+    await api(s, "CONSUMER.UNPIN.S.OV", {"group": "A"}, note="overflow")
+    await api(s, "CONSUMER.UNPIN.S.PLAIN", {"group": "A"}, note="no groups")
+
+
+@scenario
+async def prioritized_full(s):
+    """max_waiting on a prioritized consumer: the request that does not fit is refused
+    whatever its priority."""
+    await stream_with(s, 0)
+    await consumer(s, "PRI", priority_policy="prioritized", priority_groups=["A"],
+                   max_waiting=2)
+    w = await s.subscribe("in.>")
+    for i, prio in enumerate((5, 3)):
+        await s.publish(NEXT + "PRI", {"batch": 1, "group": "A", "priority": prio,
+                                       "expires": 2000 * MS}, reply="in.%d" % i)
+    await wait_waiting(s, "PRI", 2)
+    await s.requests(NEXT + "PRI", {"batch": 1, "group": "A", "priority": 0,
+                                    "expires": 2000 * MS}, count=1, note="a third")
+    await s.request("s.x", b"x")
+    await s.collect(w, 1, note="priority 3 first")
 
 
 @scenario
