@@ -414,8 +414,15 @@ async def _replicated_story(cluster: JSCluster, replicas: int) -> list:
         await pull("the old pin", id=pin)
         got = await pull("pins anew")
         pin = next(k for k, v in pins.seen.items() if v == got[2])
+        out.append(("pause", (await _ask(nc, API + "CONSUMER.PAUSE.S.C",
+                                         {"pause_until": later(30)}))["paused"]))
+        await _until_paused(nc, True)
+        await info("paused")
+        await pull("while paused", id=pin, expires=300 * MS)
         if replicas > 1:
-            before = (await info("before the step-down"))["cluster"]["leader"]
+            # A new leader of a paused consumer has no pin (and does not say again
+            # that it is paused).
+            before = (await _ask(nc, API + "CONSUMER.INFO.S.C"))["cluster"]["leader"]
             reply = await _ask(nc, API + "CONSUMER.LEADER.STEPDOWN.S.C")
             out.append(("step-down", reply.get("success"), reply.get("error")))
             for _ in range(100):
@@ -424,20 +431,10 @@ async def _replicated_story(cluster: JSCluster, replicas: int) -> list:
                     break
                 await asyncio.sleep(0.1)      # polling for the new leader, not a sync
             await info("a new leader")
-            await pull("the pin of the old leader", id=pin)
-            await pull("the new leader pins")
-        out.append(("pause", (await _ask(nc, API + "CONSUMER.PAUSE.S.C",
-                                         {"pause_until": later(30)}))["paused"]))
-        for _ in range(50):
-            # nats-server answers a pause once proposed: its info shows the pause a
-            # little later (polling, not a synchronisation).
-            if (await _ask(nc, API + "CONSUMER.INFO.S.C")).get("paused"):
-                break
-            await asyncio.sleep(0.1)
-        await info("paused")
-        await pull("while paused", expires=300 * MS)
         out.append(("resume", (await _ask(nc, API + "CONSUMER.PAUSE.S.C"))["paused"]))
-        await pull("resumed")
+        await _until_paused(nc, False)
+        await pull("the pin from before", id=pin)
+        await pull("no id")
         await nc.flush()
         await asyncio.sleep(0.5)      # advisories still on their way (none is awaited)
         await sub.unsubscribe()
@@ -447,6 +444,15 @@ async def _replicated_story(cluster: JSCluster, replicas: int) -> list:
                                      if a[0].split(".")[4] in ("PINNED", "UNPINNED",
                                                                "PAUSE"))))
     return out
+
+
+async def _until_paused(nc, paused: bool):
+    """nats-server answers a pause once proposed: its info shows it a little later
+    (polling, not a synchronisation)."""
+    for _ in range(50):
+        if (await _ask(nc, API + "CONSUMER.INFO.S.C")).get("paused", False) == paused:
+            return
+        await asyncio.sleep(0.1)
 
 
 def _advisory_summary(a, pins) -> str:

@@ -215,9 +215,10 @@ def pause_advisory(c, cfg: dict, until: int) -> None:
 
 
 def announce_paused(c) -> None:
-    """A paused consumer says so: once its create is answered
-    (server/jetstream_api.go jsConsumerCreateRequest), and in a cluster whenever a
-    replica starts leading it (jetstream_cluster.go processConsumerLeaderChange)."""
+    """A paused consumer says so when its create is answered
+    (server/jetstream_api.go jsConsumerCreateRequest, jetstream_cluster.go
+    processConsumerLeaderChange), and an R1 consumer of a cluster again on each update
+    of its assignment, which nats-server answers as a create."""
     if c.paused_until and now_ns() < c.paused_until:
         pause_advisory(c, c.cfg, c.paused_until)
 

@@ -872,15 +872,15 @@ class ReplicatedConsumer(_Replica):
         c = self.consumer
         self._active = True
         c.set_active_leader(True)
-        # Each new leader of a paused consumer says it is paused (server/
-        # jetstream_cluster.go processConsumerLeaderChange), its first one included.
-        announce_paused(c)
         self.reconcile_members()
         self.js.api.unpark(self)
         if not self._answered_create and self.ca.get("reply"):
             self._answered_create = True
             resp = {"type": "io.nats.jetstream.api.v1.consumer_create_response", **c.info()}
             self.js.api.answer(self.ca["reply"].encode(), resp)
+            # Created paused: said so with the answer (server/jetstream_cluster.go
+            # processConsumerLeaderChange; a later leader does not repeat it).
+            announce_paused(c)
 
     # ---- state changes through the log ----------------------------------------------------
 
