@@ -107,6 +107,25 @@ async def priority_config(s):
 
 
 @scenario
+async def priority_update(s):
+    """Priority settings change on update: another policy, other groups, a TTL; a pin
+    taken before the change."""
+    await stream_with(s, 3)
+    await consumer(s, "C", priority_policy="pinned_client", priority_groups=["A"])
+    await s.requests(NEXT + "C", {"batch": 1, "group": "A", "expires": 1000 * MS}, count=1,
+                     note="pins")
+    await consumer(s, "C", priority_policy="pinned_client", priority_groups=["A", "B"],
+                   priority_timeout=10_000 * MS, note="another group, a TTL")
+    await consumer(s, "C", priority_policy="overflow", priority_groups=["B"],
+                   note="overflow")
+    await s.requests(NEXT + "C", {"batch": 1, "group": "B", "expires": 1000 * MS}, count=1,
+                     note="overflow pull")
+    await consumer(s, "C", note="no policy")
+    await s.requests(NEXT + "C", {"batch": 1, "group": "B", "expires": 1000 * MS}, count=1,
+                     note="a group, no policy")
+
+
+@scenario
 async def pull_request_checks(s):
     """Pull requests whose priority fields a consumer refuses (400), by policy."""
     await stream_with(s, 1)

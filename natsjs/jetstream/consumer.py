@@ -563,7 +563,7 @@ class Consumer:
         return (not self.rdq and self._lss is None and self._held is None
                 and self.pacer is None and not self.st.acked_ahead
                 and not self.cfg["headers_only"] and len(self._bfilters) <= 1
-                and self.policy == "none"
+                and self.policy == "none" and not self.pin.id
                 and not (self.push and self.cfg["flow_control"])
                 and not (self.ack_none and self.stream.cfg["retention"] != "limits"))
 
@@ -856,7 +856,7 @@ class Consumer:
                              [(H.PENDING_MESSAGES, wr.n), (H.PENDING_BYTES, wr.b)])
                 continue
             assigned = False
-            if self.policy in ("overflow", "pinned_client"):
+            if self.policy in ("overflow", "pinned_client") or self.pin.id:
                 had_pin = self.pin.id
                 verdict = self._priority_verdict(wr)
                 assigned = not had_pin and bool(self.pin.id)
@@ -895,11 +895,15 @@ class Consumer:
 
     def _priority_verdict(self, wr: PullRequest) -> int:
         """server/consumer.go nextWaiting for an ``overflow`` or ``pinned_client``
-        consumer: may the request at the head have the next message (priority.py)?"""
-        if self.policy == "pinned_client":
-            return self.pin.check(wr)
+        consumer: may the request at the head have the next message (priority.py)?
+        A pin outlives a change of policy, and still decides (as in nats-server)."""
+        if self.policy == "pinned_client" or self.pin.id:
+            verdict = self.pin.check(wr)
+            if verdict != P.SERVE:
+                return verdict
         # The message being handed out counts as pending still (Go's npc+1).
-        if P.overflow_waits(wr.pg, self.num_pending() + 1, len(self.st.pending)):
+        if self.policy == "overflow" and \
+                P.overflow_waits(wr.pg, self.num_pending() + 1, len(self.st.pending)):
             return P.PASS
         return P.SERVE
 
