@@ -373,6 +373,17 @@ async def _pull(nc, consumer: str, body: dict, wait: float = 3.0):
     return None, msg.data.decode(), h.get("Nats-Pin-Id")
 
 
+async def _publish(nc, subject: str, data: bytes):
+    """A publish that waits for its PubAck, asked again while the new stream's interest
+    has not reached the server yet (no responders)."""
+    for _ in range(50):
+        try:
+            return await nc.request(subject, data, timeout=10)
+        except nats.errors.NoRespondersError:
+            await asyncio.sleep(0.1)      # polling for the stream's interest
+    raise TimeoutError("no stream took %s" % subject)
+
+
 class Pins:
     """Pin ids as the order they were made in (pin1, pin2, ...)."""
 
@@ -401,7 +412,7 @@ async def _replicated_story(cluster: JSCluster, replicas: int) -> list:
                            {"name": "S", "subjects": ["s.>"], "num_replicas": 3})
         assert "error" not in reply, reply
         for i in range(8):
-            await nc.request("s.%d" % i, b"m%d" % i, timeout=10)
+            await _publish(nc, "s.%d" % i, b"m%d" % i)
         reply = await _ask(nc, API + "CONSUMER.CREATE.S.C", {
             "stream_name": "S", "config": {
                 "durable_name": "C", "ack_policy": "explicit", "num_replicas": replicas,
