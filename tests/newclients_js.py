@@ -15,6 +15,7 @@ import asyncio
 import json
 import sys
 import traceback
+from datetime import datetime, timedelta, timezone
 
 from nats.client import connect
 from nats.jetstream import new as jetstream
@@ -170,6 +171,54 @@ async def main(url: str, replicas: int, strict: bool) -> dict:
         await bucket.purge("k")
         assert [k async for k in await bucket.keys()] == [], "keys after purge"
 
+    async def priority():
+        """Priority groups: an overflow consumer's min_pending, a pinned client's pin
+        (Nats-Pin-Id on each message, pinned_client_id in consumer info)."""
+        ovf = await js.create_consumer(STREAM, name="ovf", durable_name="ovf",
+                                       ack_policy="explicit", priority_policy="overflow",
+                                       priority_groups=["g"])
+        got = [m async for m in await ovf.fetch(max_messages=2, max_wait=2.0,
+                                                 priority_group="g", min_pending=1)]
+        assert len(got) == 2, got
+        got = [m async for m in await ovf.fetch(max_messages=1, max_wait=0.5,
+                                                 priority_group="g", min_pending=1000)]
+        assert got == [], "served below min_pending"
+        pin = await js.create_consumer(STREAM, name="pin", durable_name="pin",
+                                       ack_policy="explicit",
+                                       priority_policy="pinned_client", priority_groups=["g"])
+        got = [m async for m in await pin.fetch(max_messages=2, max_wait=2.0,
+                                                 priority_group="g")]
+        pins = {m.headers.get("Nats-Pin-Id") for m in got}
+        assert len(got) == 2 and len(pins) == 1 and None not in pins, (got, pins)
+        ci = await js.get_consumer_info(STREAM, "pin")
+        assert ci.priority_groups[0]["pinned_client_id"] in pins, ci.priority_groups
+        assert ci.config.priority_timeout == 120_000_000_000, ci.config
+        for name in ("ovf", "pin"):
+            assert await js.delete_consumer(STREAM, name)
+
+    async def pause():
+        """A consumer created paused, resumed and paused again through the client's
+        API layer (it has no method of its own for it)."""
+        until = datetime.now(timezone.utc) + timedelta(seconds=30)
+        c = await js.create_consumer(STREAM, name="paused", durable_name="paused",
+                                     ack_policy="explicit", pause_until=until)
+        ci = await js.get_consumer_info(STREAM, "paused")
+        assert ci.paused and ci.pause_remaining.total_seconds() > 20, ci
+        assert [m async for m in await c.fetch(max_messages=1, max_wait=0.5)] == []
+        resp = await js._api.consumer_pause(STREAM, "paused")
+        assert resp["paused"] is False, resp
+        for _ in range(50):
+            # nats-server answers once proposed; its info follows a moment later
+            if not (await js.get_consumer_info(STREAM, "paused")).paused:
+                break
+            await asyncio.sleep(0.1)
+        got = [m async for m in await c.fetch(max_messages=1, max_wait=2.0)]
+        assert len(got) == 1, got
+        later = (until + timedelta(seconds=30)).isoformat().replace("+00:00", "Z")
+        resp = await js._api.consumer_pause(STREAM, "paused", pause_until=later)
+        assert resp["paused"] is True and resp["pause_remaining"] > 0, resp
+        assert await js.delete_consumer(STREAM, "paused")
+
     async def cleanup():
         assert await js.delete_stream(STREAM)
 
@@ -178,6 +227,7 @@ async def main(url: str, replicas: int, strict: bool) -> dict:
                      ("get_message", get), ("pull_consumer", consume),
                      ("ordered_consumer", ordered), ("key_value", kv), ("kv_watch", watch),
                      ("step_down", step_down), ("manage", manage),
+                     ("priority_groups", priority), ("pause", pause),
                      ("delete_stream", cleanup)]:
         await asyncio.wait_for(step(name, fn), 30)
     await nc.close()

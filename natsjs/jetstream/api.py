@@ -36,6 +36,7 @@ from natsjs.jetstream import apicore
 from natsjs.jetstream import cluster_api
 from natsjs.jetstream import consumercfg as CC
 from natsjs.jetstream import headers as H
+from natsjs.jetstream import priority
 from natsjs.jetstream import snapshot, sourcing
 from natsjs.jetstream import streamcfg as SC
 from natsjs.jetstream.apicore import (LIST_LIMIT, MAX_SUBJECT_DETAILS, NAMES_LIMIT,
@@ -268,6 +269,8 @@ class Api:
             req = apicore.decode(body, apicore.PAGED_REQUEST)
         elif op == "CONSUMER.PAUSE":
             req = apicore.decode(body, apicore.PAUSE_REQUEST)
+        elif op == "CONSUMER.UNPIN":
+            req = priority.read_unpin_request(r.hdr, body)
         r.req = req
 
     async def read_consumer_create(self, r: Request) -> dict:
@@ -346,6 +349,12 @@ class Api:
             return await self.consumer_delete(jsa, r.stream, r.consumer)
         if op == "CONSUMER.PAUSE":
             return await self.consumer_pause(jsa, r.stream, r.consumer, r.req)
+        if op == "CONSUMER.UNPIN":
+            try:
+                _, c = self._consumer(jsa, r.stream, r.consumer)
+            except ApiError as exc:
+                return err(r.rtype, exc)
+            return priority.unpin(c, r.req)
         # leader step-down, peer remove: a cluster's
         return err(r.rtype, ApiError.of("JSClusterRequiredErr"))
 
@@ -611,6 +620,7 @@ class Api:
         out = {"type": T + rtype, **consumer.info()}
         if identity is not None:
             out[RESPONSE_HEADERS] = H.make(0, "", [(b"Nats-Stream-Identity", identity.encode())])
+        priority.announce_paused(consumer)
         return out
 
     async def add_consumer(self, jsa, stream: Stream, config: dict, action: str,

@@ -244,7 +244,7 @@ _STREAM_OPS = {"CREATE": "stream_create_response", "UPDATE": "stream_update_resp
                "PURGE": "stream_purge_response", "SNAPSHOT": "stream_snapshot_response",
                "RESTORE": "stream_restore_response"}
 _CONSUMER_OPS = {"INFO": "consumer_info_response", "DELETE": "consumer_delete_response",
-                 "PAUSE": "consumer_pause_response"}
+                 "PAUSE": "consumer_pause_response", "UNPIN": "consumer_unpin_response"}
 
 __all__ = ["T", "NAMES_LIMIT", "LIST_LIMIT", "ERROR_EXTRAS", "Request", "route", "decode",
            "err", "required_level", "check_api_level", "pause_response",

@@ -24,6 +24,7 @@ import json
 import trio
 
 from natsjs.jetstream import consumercfg as CC
+from natsjs.jetstream import priority
 from natsjs.jetstream import snapshot
 from natsjs.jetstream import streamcfg as SC
 from natsjs.jetstream.apicore import (LIST_LIMIT, NAMES_LIMIT, T, Request, check_msg_delete,
@@ -44,7 +45,7 @@ PROCEED = object()
 _STREAM_OPS = ("STREAM.INFO", "STREAM.PURGE", "STREAM.SNAPSHOT", "STREAM.MSG.GET",
                "STREAM.MSG.DELETE", "STREAM.LEADER.STEPDOWN")
 _STREAM_ACTS = ("STREAM.PURGE", "STREAM.MSG.DELETE", "STREAM.LEADER.STEPDOWN")
-_CONSUMER_OPS = ("CONSUMER.INFO", "CONSUMER.LEADER.STEPDOWN")
+_CONSUMER_OPS = ("CONSUMER.INFO", "CONSUMER.LEADER.STEPDOWN", "CONSUMER.UNPIN")
 
 
 async def gate(api, jsa, r: Request, reply: bytes | None):
@@ -106,6 +107,8 @@ async def handle(api, jsa, r: Request, reply: bytes | None):
         return {"type": T + r.rtype, **r.replica.consumer.info()}
     if op == "CONSUMER.LEADER.STEPDOWN":
         return _step_down(r.replica, r.rtype)
+    if op == "CONSUMER.UNPIN":
+        return priority.unpin(r.replica.consumer, r.req)
     if op == "INFO":
         return {"type": T + r.rtype, **_account_info(cl, jsa)}
     if op == "STREAM.CREATE":

@@ -31,6 +31,7 @@ import trio
 from natsjs._core.jsdeliver import deliver_run
 from natsjs.accounts import exact_interest
 from natsjs.jetstream import headers as H
+from natsjs.jetstream import priority as P
 from natsjs.jetstream.apicore import check_api_level
 from natsjs.jetstream.consumercfg import (config_json, filters_of, is_durable, pause_ns,
                                           with_dynamic_metadata)
@@ -84,9 +85,9 @@ def ephemeral_name() -> str:
 
 class PullRequest:
     __slots__ = ("reply", "n", "b", "no_wait", "expires", "hb", "hbt", "d", "max_bytes_set",
-                 "seen")
+                 "seen", "pg")
 
-    def __init__(self, reply, n, b, no_wait, expires, hb):
+    def __init__(self, reply, n, b, no_wait, expires, hb, pg=None):
         self.reply = reply
         self.n = n
         self.b = b
@@ -97,6 +98,7 @@ class PullRequest:
         self.hbt = trio.current_time() + hb if hb else 0.0
         self.d = 0
         self.seen = False      # interest in the reply subject checked once
+        self.pg = pg           # its priority group (priority.py), None: none given
 
 
 class Consumer:
@@ -145,7 +147,11 @@ class Consumer:
         self._maxpb = FC_START_BYTES
         self._state_changed = False
         self._state_idle = False      # the state loop sleeps until a change wakes it
-        self.paused_until = pause_ns(cfg)
+        self.paused_until = _pause_ahead(cfg)
+        # Priority groups (priority.py): the policy, and the pinned client's pin.
+        self.policy = cfg["priority_policy"]
+        self.pin = P.Pin(self)
+        self._passed_over = False     # every waiting request passed the last message by
         self._npc = None                    # num pending cache, valid through _npf
         self._npf = 0
         self._now = 0                       # the clock, read once per delivery burst
@@ -318,6 +324,10 @@ class Consumer:
         delivers (natsjs/jetstream/replicated.py)."""
         self._leading = leading
         self._dlog = [] if leading else None
+        # A pause that ended while another led was announced there; the pin is the
+        # leader's alone (server/consumer.go setLeader: unassignPinId).
+        self.paused_until = _pause_ahead(self.cfg)
+        self.pin.clear()
         if leading:
             self._subscribe()
             self._pending_reset()
@@ -543,6 +553,7 @@ class Consumer:
     def _deliver_some(self) -> bool:
         """Deliver what is ready, up to a turn's burst; True when the turn stopped at its
         burst (more may be ready)."""
+        self._passed_over = False
         if self.paused_until and now_ns() < self.paused_until:
             return False
         if self._pace_until:
@@ -591,6 +602,8 @@ class Consumer:
                         self._unget(seq, dc)
                         break
                     dsubj = wr.reply
+                    if self.policy == "pinned_client":
+                        hdr = H.add(hdr, P.PIN_ID, self.pin.id.encode())
                 else:
                     wr = None
                     dsubj = self.cfg["deliver_subject"].encode()
@@ -618,6 +631,7 @@ class Consumer:
         return (not self.rdq and self._lss is None and self._held is None
                 and self.pacer is None and not self.st.acked_ahead
                 and not self.cfg["headers_only"] and len(self._bfilters) <= 1
+                and self.policy == "none" and not self.pin.id
                 and not (self.push and self.cfg["flow_control"])
                 and not (self.ack_none and self.stream.cfg["retention"] != "limits"))
 
@@ -860,7 +874,7 @@ class Consumer:
             req = _parse_next_request(body)
         except ValueError as exc:
             return self._status(reply, 400, "Bad Request - %s" % exc)
-        batch, expires, max_bytes, no_wait, hb = req
+        batch, expires, max_bytes, no_wait, hb, pg = req
         cfg = self.cfg
         if cfg["max_batch"] > 0 and batch > cfg["max_batch"]:
             return self._status(reply, 409, "Exceeded MaxRequestBatch of %d" % cfg["max_batch"])
@@ -869,6 +883,9 @@ class Consumer:
                                 % go_duration(cfg["max_expires"]))
         if max_bytes > 0 and cfg["max_bytes"] > 0 and max_bytes > cfg["max_bytes"]:
             return self._status(reply, 409, "Exceeded MaxRequestMaxBytes of %d" % cfg["max_bytes"])
+        refused = P.refusal(self.policy, cfg["priority_groups"], self.pin, pg)
+        if refused is not None:
+            return self._status(reply, *refused)
         self._last_activity = trio.current_time()
         if no_wait:
             avail = self.num_pending() + len(self.rdq)
@@ -886,8 +903,11 @@ class Consumer:
                 return
         now = trio.current_time()
         wr = PullRequest(reply, max(batch, 1), max_bytes, no_wait,
-                         now + expires / 1e9 if expires else 0.0, hb / 1e9 if hb else 0.0)
-        self.waiting.append(wr)
+                         now + expires / 1e9 if expires else 0.0, hb / 1e9 if hb else 0.0, pg)
+        if self.policy == "prioritized":
+            P.insert_prioritized(self.waiting, wr)
+        else:
+            self.waiting.append(wr)
         self._wake.unpark()
 
     def _next_waiting(self, seq, subj, hdr, msg) -> PullRequest | None:
@@ -895,6 +915,7 @@ class Consumer:
         now = trio.current_time()
         size = len(subj) + len(hdr or b"") + len(msg) + 64
         acc = self.stream.jsa.account
+        passed = 0
         while self.waiting:
             wr = self.waiting[0]
             if wr.expires and now >= wr.expires:
@@ -902,6 +923,24 @@ class Consumer:
                 self._status(wr.reply, 408, "Request Timeout",
                              [(H.PENDING_MESSAGES, wr.n), (H.PENDING_BYTES, wr.b)])
                 continue
+            assigned = False
+            if self.policy in ("overflow", "pinned_client") or self.pin.id:
+                had_pin = self.pin.id
+                verdict = self._priority_verdict(wr)
+                assigned = not had_pin and bool(self.pin.id)
+                if verdict == P.PASS:
+                    # It waits at the back; the next one is asked (Go's cycle).
+                    self.waiting.rotate(-1)
+                    passed += 1
+                    if passed >= len(self.waiting):
+                        self._passed_over = True
+                        return None
+                    continue
+                if verdict == P.REFUSE:
+                    self.waiting.popleft()
+                    h = P.wrong_pin(wr)
+                    self.server.deliver(acc, wr.reply, None, h, len(h))
+                    continue
             if wr.b > 0:
                 if size <= wr.b:
                     wr.b -= size
@@ -911,6 +950,8 @@ class Consumer:
                     self.waiting.popleft()
                     self._status(wr.reply, 409, "Message Size Exceeds MaxBytes",
                                  [(H.PENDING_MESSAGES, wr.n), (H.PENDING_BYTES, wr.b)])
+                    if assigned:
+                        self.pin.clear()      # the pin it just took goes to the next
                     continue
             if not wr.seen:
                 if not acc.sublist.match(wr.reply):
@@ -920,9 +961,25 @@ class Consumer:
             return wr
         return None
 
+    def _priority_verdict(self, wr: PullRequest) -> int:
+        """server/consumer.go nextWaiting for an ``overflow`` or ``pinned_client``
+        consumer: may the request at the head have the next message (priority.py)?
+        A pin outlives a change of policy, and still decides (as in nats-server)."""
+        if self.policy == "pinned_client" or self.pin.id:
+            verdict = self.pin.check(wr)
+            if verdict != P.SERVE:
+                return verdict
+        # The message being handed out counts as pending still (Go's npc+1).
+        if self.policy == "overflow" and \
+                P.overflow_waits(wr.pg, self.num_pending() + 1, len(self.st.pending)):
+            return P.PASS
+        return P.SERVE
+
     def _after_pull_delivery(self, pub, wr: PullRequest) -> None:
         wr.n -= 1
         wr.d += 1
+        if wr.n > 0 and self.policy == "prioritized":
+            P.requeue_prioritized(self.waiting, wr)
         if wr.n <= 0:
             if self.waiting and self.waiting[0] is wr:
                 self.waiting.popleft()
@@ -1009,14 +1066,22 @@ class Consumer:
             if left > 0:
                 due.append(left)
             else:
+                # server/consumer.go updatePauseState's timer: resumed, and said so.
                 self.paused_until = 0
+                P.pause_advisory(self, self.cfg, 0)
+        left = self.pin.expire(now)
+        if left is not None:
+            due.append(left)
         return min(due) if due else None
 
     def _at_end(self) -> bool:
-        """Nothing to deliver now: the end of the stream, or paused (server/consumer.go
-        loopAndGatherMsgs answers no_wait requests whenever it has to wait)."""
+        """Nothing to deliver now: the end of the stream, paused, or no waiting request
+        may have the next message (server/consumer.go loopAndGatherMsgs answers no_wait
+        requests whenever it has to wait)."""
         if self.paused_until and now_ns() < self.paused_until:
             return True
+        if self._passed_over:
+            return True       # no waiting request may have the next message
         return not self.rdq and self.num_pending() == 0
 
     def _inactive_deadline(self, now: float) -> float | None:
@@ -1370,9 +1435,8 @@ class Consumer:
             out["cluster"] = self.stream.replica.cluster_info()
         groups = self.cfg.get("priority_groups")
         if groups:
-            # server/consumer.go PriorityGroupState of the first group (no pinning here:
-            # the pinned time stays zero).
-            out["priority_groups"] = [{"group": groups[0], "pinned_ts": ZERO_TIME}]
+            # server/consumer.go PriorityGroupState of the first group only.
+            out["priority_groups"] = [self.pin.state(groups[0])]
         if self.push and self.active:
             out["push_bound"] = True
         if self.paused_until and now_ns() < self.paused_until:
@@ -1386,7 +1450,13 @@ class Consumer:
         self.cfg = cfg
         self.filters = filters_of(cfg)
         self._bfilters = [f.encode() for f in self.filters]
-        self.paused_until = pause_ns(cfg)
+        self.paused_until = _pause_ahead(cfg)
+        self.policy = cfg["priority_policy"]
+        if old.get("pause_until") != cfg.get("pause_until") and self._leading:
+            # server/consumer.go updateConfig: the leader tells of a new pause (or its
+            # end); the deadline parsed, not its text, tells whether it changed.
+            if pause_ns(old) != pause_ns(cfg):
+                P.pause_advisory(self, cfg, self.paused_until)
         if old["rate_limit_bps"] != cfg["rate_limit_bps"]:
             if self.pacer is None:
                 self.pacer = Pacer.for_consumer(self)
@@ -1403,6 +1473,13 @@ class Consumer:
     @property
     def durable(self) -> bool:
         return is_durable(self.cfg)
+
+
+def _pause_ahead(cfg: dict) -> int:
+    """When the pause of ``cfg`` ends, 0 when it has already ended (or there is none):
+    the deliveries wait until then, and its end is announced then."""
+    until = pause_ns(cfg)
+    return until if until > now_ns() else 0
 
 
 def _copy_state(st: ConsumerState) -> ConsumerState:
@@ -1426,11 +1503,12 @@ NEXT_REQUEST = Struct("", {
 
 
 def _parse_next_request(body: bytes):
-    """server/consumer.go nextReqFromMsg: (batch, expires ns, max_bytes, no_wait, hb ns);
-    ValueError with Go's words for a body json.Unmarshal refuses."""
+    """server/consumer.go nextReqFromMsg: (batch, expires ns, max_bytes, no_wait, hb ns,
+    priority group or None); ValueError with Go's words for a body json.Unmarshal
+    refuses."""
     req = body.strip()
     if not req:
-        return 1, 0, 0, False, 0
+        return 1, 0, 0, False, 0, None
     if req[:1] == b"{":
         try:
             d = unmarshal(req, NEXT_REQUEST)
@@ -1443,10 +1521,11 @@ def _parse_next_request(body: bytes):
         hb = d.get("idle_heartbeat", 0)
         if hb > 0 and hb * 2 > expires:
             raise ValueError("heartbeat value too large")
-        return batch, expires, max_bytes, no_wait, hb
+        # A JSON request always has a priority group in Go (its fields, maybe empty).
+        return batch, expires, max_bytes, no_wait, hb, P.PriorityRequest(d)
     if _ATOI.match(req) and -(1 << 63) <= int(req) < (1 << 63):   # Go's strconv.Atoi
-        return int(req), 0, 0, False, 0
-    return 1, 0, 0, False, 0
+        return int(req), 0, 0, False, 0, None
+    return 1, 0, 0, False, 0, None
 
 
 _ATOI = re.compile(rb"^[+-]?[0-9]+$")

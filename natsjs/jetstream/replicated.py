@@ -41,6 +41,7 @@ from natsjs.jetstream import batching, catchup
 from natsjs.jetstream.consumer import Consumer
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns
+from natsjs.jetstream.priority import announce_paused
 from natsjs.jetstream.raft import ConfigChangeInProgress, NotLeader, RaftConfig
 from natsjs.jetstream.raft_driver import DirFiles, RaftService, RaftStorage, StateMachine
 from natsjs.jetstream.recovery import log_recovery
@@ -894,6 +895,9 @@ class ReplicatedConsumer(_Replica):
             self._answered_create = True
             resp = {"type": "io.nats.jetstream.api.v1.consumer_create_response", **c.info()}
             self.js.api.answer(self.ca["reply"].encode(), resp)
+            # Created paused: said so with the answer (server/jetstream_cluster.go
+            # processConsumerLeaderChange; a later leader does not repeat it).
+            announce_paused(c)
 
     # ---- state changes through the log ----------------------------------------------------
 
@@ -1034,6 +1038,11 @@ class ReplicatedConsumer(_Replica):
         self.peers = list(ca["group"]["peers"])
         if ca["cfg"] != self.consumer.cfg:
             self.consumer.update_config(ca["cfg"])
+            if len(self.peers) == 1 and self.is_leader():
+                # nats-server runs an R1 consumer's leader change again on each update
+                # of its assignment (processClusterCreateConsumer), and with it the
+                # paused advisory.
+                announce_paused(self.consumer)
         if self.peers != old_peers:
             self.reconcile_members()
 
