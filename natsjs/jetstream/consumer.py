@@ -37,7 +37,7 @@ from natsjs.jetstream.consumercfg import (config_json, filters_of, is_durable, p
                                           with_dynamic_metadata)
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.gojson import go_json
-from natsjs.jetstream.jstime import ZERO_TIME, go_duration, now_ns, parse_go_duration, rfc3339_nano
+from natsjs.jetstream.jstime import go_duration, now_ns, parse_go_duration, rfc3339_nano
 from natsjs.jetstream.pacing import Pacer
 from natsjs.jetstream.schema import DecodeError, Struct, unmarshal
 from natsjs.jetstream.store import OP_ACK, OP_FLOOR, ConsumerState
