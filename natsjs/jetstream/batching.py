@@ -29,20 +29,19 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 import weakref
 
 import trio
 
 from natsjs.jetstream import counters
 from natsjs.jetstream import headers as H
+from natsjs.jetstream.entries import decode_atomic, encode_atomic
 from natsjs.jetstream.errors import ApiError
 
 BATCH_ID = b"Nats-Batch-Id"
 BATCH_SEQ = b"Nats-Batch-Sequence"
 BATCH_COMMIT = b"Nats-Batch-Commit"
 REQUIRED_API_LEVEL = b"Nats-Required-Api-Level"
-E_ATOMIC = b"A"          # a replicated stream's committed batch (one Raft entry)
 
 # server/stream.go streamDefaultMaxBatchTimeout and the atomic batch limits.
 DEFAULT_TIMEOUT = 10.0
@@ -53,7 +52,6 @@ MAX_ID_LEN = 64
 ABANDONED = "$JS.EVENT.ADVISORY.STREAM.BATCH_ABANDONED."
 ABANDONED_TYPE = "io.nats.jetstream.advisory.v1.stream_batch_abandoned"
 
-_U32 = struct.Struct("<I")
 # The headers a batch's checks read (any of them makes a message worth checking).
 _CHECKED = re.compile(rb"\r\nNats-(?:Expected-|Incr|TTL|Msg-Id|Stream-Source|Rollup)")
 
@@ -364,34 +362,6 @@ def publish(stream, subject: bytes, hdr: bytes, msg: bytes):
 
 # ---- a replicated stream's entry ------------------------------------------------------------
 
-def encode_entry(bid: bytes, msgs: list, ts: int) -> bytes:
-    """The batch as one entry: its id, then each message as a replicated stream's
-    E_MSG entry (natsjs/jetstream/replicated.py encode_msg), each after its length."""
-    from natsjs.jetstream.replicated import encode_msg
-    parts = [E_ATOMIC, _U32.pack(len(bid)), bid]
-    for subject, hdr, msg in msgs:
-        one = encode_msg(subject, hdr, msg, ts)
-        parts += (_U32.pack(len(one)), one)
-    return b"".join(parts)
-
-
-def decode_entry(data: bytes):
-    """``(batch id, [(subject, hdr, msg), ...], ts)`` of an E_ATOMIC entry."""
-    from natsjs.jetstream.replicated import decode_msg
-    (n,) = _U32.unpack_from(data, 1)
-    off = 5 + n
-    bid = data[5:off]
-    msgs = []
-    ts = 0
-    while off < len(data):
-        (n,) = _U32.unpack_from(data, off)
-        off += 4
-        subject, hdr, msg, ts = decode_msg(data[off:off + n])
-        msgs.append((subject, hdr, msg))
-        off += n
-    return bid, msgs, ts
-
-
 def stage_on_leader(stream, subject: bytes, reply, hdr: bytes, msg: bytes, ts: int):
     """A batch message captured by a replicated stream's leader: ``(entry, None)`` to
     propose at the commit, or ``(None, answer)`` (b"" while staged, or an error body)."""
@@ -403,12 +373,12 @@ def stage_on_leader(stream, subject: bytes, reply, hdr: bytes, msg: bytes, ts: i
         return None, b""
     if out.__class__ is ApiError:
         return None, stream._error_reply(out)
-    return encode_entry(H.get(hdr, BATCH_ID), out, ts), None
+    return encode_atomic(H.get(hdr, BATCH_ID), out, ts), None
 
 
 def apply_entry(stream, data: bytes):
     """A committed E_ATOMIC entry on a replica: the PubAck or error body."""
-    bid, msgs, ts = decode_entry(data)
+    bid, msgs, ts = decode_atomic(data)
     stream.set_batch_time(ts)
     out = commit(stream, bid, msgs, ts)
     if out.__class__ is ApiError:

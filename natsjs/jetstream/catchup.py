@@ -19,10 +19,11 @@ import struct
 
 import trio
 
+from natsjs.jetstream.entries import NO_HDR
+
 CHUNK_MSGS = 2048
 CHUNK_BYTES = 4 * 1024 * 1024
 _REC = struct.Struct("<QqHI")        # seq, ts, subject length, header length (or NO_HDR)
-NO_HDR = 0xFFFFFFFF
 
 
 def encode_chunk(store, first: int, last: int) -> tuple[bytes, int]:

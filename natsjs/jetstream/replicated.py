@@ -38,6 +38,8 @@ import trio
 from natsjs._core.filelog import FileLog
 from natsjs._core.jsingest import apply_plain, decode_record
 from natsjs.jetstream import batching, catchup
+from natsjs.jetstream.entries import (E_ATOMIC, E_BATCH, E_MSG, E_OP, E_SOURCED, SEQ, decode_msg,
+                                      encode_msg, encode_sourced)
 from natsjs.jetstream.consumer import Consumer
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns
@@ -52,14 +54,6 @@ from natsjs.jetstream.store import (META, MSGS, OBS, ConsumerState, MemConsumerS
 from natsjs.jetstream.stream import Stream
 
 SNAPSHOT_EVERY = 8192
-_MSG = struct.Struct("<qHI")          # ts, subject length, header length (or NO_HDR)
-NO_HDR = 0xFFFFFFFF
-E_MSG = b"M"
-E_BATCH = b"B"        # records captured in C by the leader (natsjs/_core/jsingest.pyx)
-E_OP = b"J"
-E_SOURCED = b"X"      # <Q mirror seq> + E_MSG's layout: what the stream writes itself
-                      # (mirrors, sources, subject delete markers), without client checks
-_SEQ = struct.Struct("<Q")
 
 # Fault injection for tests, off unless set in the server's environment when it starts:
 # "<stream>:<seq>" makes this server's replica of <stream> fail (once) to apply the
@@ -70,31 +64,6 @@ FAIL_APPLY_ENV = "NATSJS_TEST_FAIL_APPLY"
 def _fail_apply_at(stream_name: str) -> int:
     name, _, seq = os.environ.get(FAIL_APPLY_ENV, "").rpartition(":")
     return int(seq) if name == stream_name and seq.isdigit() else 0
-
-
-def encode_msg(subject: bytes, hdr: bytes | None, msg: bytes, ts: int,
-               kind: bytes = E_MSG) -> bytes:
-    return b"".join((kind, _MSG.pack(ts, len(subject), NO_HDR if hdr is None else len(hdr)),
-                     subject, hdr or b"", msg))
-
-
-def encode_sourced(subject: bytes, hdr: bytes | None, msg: bytes, ts: int,
-                   mirror_seq: int) -> bytes:
-    return b"".join((E_SOURCED, _SEQ.pack(mirror_seq), _MSG.pack(
-        ts, len(subject), NO_HDR if hdr is None else len(hdr)), subject, hdr or b"", msg))
-
-
-def decode_msg(data: bytes, off: int = 1):
-    ts, slen, hlen = _MSG.unpack_from(data, off)
-    p = off + _MSG.size
-    subject = data[p:p + slen]
-    p += slen
-    if hlen == NO_HDR:
-        hdr = None
-    else:
-        hdr = data[p:p + hlen]
-        p += hlen
-    return subject, hdr, data[p:], ts
 
 
 class _Replica(StateMachine):
@@ -431,15 +400,15 @@ class ReplicatedStream(_Replica):
             subject, hdr, msg, ts = decode_msg(data)
             stream.lift_budget()
             self._apply_one(subject, hdr, msg, ts, self._replies.pop(index, None), replies)
-        elif kind == batching.E_ATOMIC:
+        elif kind == E_ATOMIC:
             stream.lift_budget()
             out = batching.apply_entry(stream, data)
             reply = self._replies.pop(index, None)
             if reply and not stream.cfg["no_ack"]:
                 replies.append((reply, out))
         elif kind == E_SOURCED:
-            mirror_seq = _SEQ.unpack_from(data, 1)[0]
-            subject, hdr, msg, ts = decode_msg(data, 1 + _SEQ.size)
+            mirror_seq = SEQ.unpack_from(data, 1)[0]
+            subject, hdr, msg, ts = decode_msg(data, 1 + SEQ.size)
             stream.lift_budget()
             out = stream.process_sourced(subject, hdr, msg, ts, mirror_seq)
             if isinstance(out, ApiError):
