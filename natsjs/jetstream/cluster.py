@@ -45,13 +45,8 @@ from natsjs.jetstream.placement import Candidate, PlacementError, select_peers
 from natsjs.jetstream.raft import ConfigChangeInProgress
 from natsjs.jetstream.raft import NotLeader as NotLeaderError
 from natsjs.jetstream.raft import RaftConfig
-from natsjs.jetstream.raft_driver import (
-    DirFiles,
-    RaftService,
-    RaftStorage,
-    StateMachine,
-    hand_to,
-)
+from natsjs.jetstream.raft_driver import RaftService, StateMachine, hand_to
+from natsjs.jetstream.raft_storage import DirFiles, RaftStorage
 from natsjs.jetstream.replicated import ReplicatedConsumer, ReplicatedStream
 
 _DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
