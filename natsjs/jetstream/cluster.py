@@ -39,6 +39,7 @@ import trio
 from natsjs._core.filelog import FileLog
 from natsjs.clientinfo import request_info, service_account
 from natsjs.jetstream import consumercfg as CC
+from natsjs.jetstream.apicore import SERVER_REMOVE_REQUEST, decode_required
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, rfc3339_nano
 from natsjs.jetstream.placement import Candidate, PlacementError, select_peers
@@ -718,10 +719,10 @@ class JetStreamCluster:
             return
         body = msg[hdr:] if hdr and hdr > 0 else msg
         try:
-            req = json.loads(body)
-            peer = req.get("peer_id") or self.peer_of_name(req.get("peer", ""))
-        except (ValueError, AttributeError):
-            peer = None
+            req = decode_required(body, SERVER_REMOVE_REQUEST)
+        except ApiError as exc:
+            return self._sys_reply(reply, "meta_server_remove_response", exc)
+        peer = req.get("peer_id") or self.peer_of_name(req.get("peer", ""))
         self._nursery.start_soon(self._server_remove, peer, reply)
 
     async def _server_remove(self, peer, reply: bytes) -> None:

@@ -26,9 +26,9 @@ import trio
 from natsjs.jetstream import consumercfg as CC
 from natsjs.jetstream import snapshot
 from natsjs.jetstream import streamcfg as SC
-from natsjs.jetstream.apicore import (LIST_LIMIT, NAMES_LIMIT, T, Request, check_msg_delete,
-                                      check_purge, err, pause_response,
-                                      sourcing_consumer_name)
+from natsjs.jetstream.apicore import (LIST_LIMIT, NAMES_LIMIT, PEER_REMOVE_REQUEST, T, Request,
+                                      check_msg_delete, check_purge, decode_required, err,
+                                      pause_response, sourcing_consumer_name)
 from natsjs.jetstream.cluster import consumer_peers, group_name
 from natsjs.jetstream.consumer import ephemeral_name
 from natsjs.jetstream.errors import BY_CONSTANT, ApiError
@@ -409,10 +409,11 @@ async def _peer_remove(api, jsa, name: str, body: bytes):
     cl = api.js.cluster
     rtype = "stream_remove_peer_response"
     try:
-        req = json.loads(body or b"{}")
-        peer_name = req.get("peer", "")
-    except ValueError as exc:
-        return err(rtype, ApiError.of("JSInvalidJSONErr", err=str(exc)))
+        peer_name = decode_required(body, PEER_REMOVE_REQUEST).get("peer", "")
+        if not peer_name:
+            raise ApiError.of("JSBadRequestErr")
+    except ApiError as exc:
+        return err(rtype, exc)
     sa = cl.state.streams.get("%s %s" % (jsa.name, name))
     if sa is None:
         return err(rtype, ApiError.of("JSStreamNotFoundErr"))
