@@ -100,6 +100,9 @@ CASES = [
     ("app", "STREAM.PEER.REMOVE.S", b'{"peer": ""}'),
     ("app", "STREAM.PEER.REMOVE.S", b'{"peer": "x", "bogus": 1}'),
     ("app", "STREAM.PEER.REMOVE.NOPE", b'{"peer": "x"}'),
+    ("app", "STREAM.LEADER.STEPDOWN.S", b'{"placement": {"preferred": "nope"}}'),
+    ("app", "STREAM.LEADER.STEPDOWN.S", b"{bad"),
+    ("app", "CONSUMER.LEADER.STEPDOWN.S.C", b'{"placement": {"preferred": "nope"}}'),
 ]
 
 # Sent in the system account to a cluster only (the meta leader answers).

@@ -56,6 +56,7 @@ SNAPSHOT_REQUEST = Struct("JSApiStreamSnapshotRequest", {
     "window_size": "int", "jsck": "bool"})
 RESTORE_REQUEST = Struct("JSApiStreamRestoreRequest", {"config": SC.STREAM_CONFIG,
                                                        "state": RAW})
+STEPDOWN_REQUEST = Struct("JSApiLeaderStepdownRequest", {"placement": SC.PLACEMENT})
 PEER_REMOVE_REQUEST = Struct("JSApiStreamRemovePeerRequest", {"peer": "string"})
 SERVER_REMOVE_REQUEST = Struct("JSApiMetaServerRemoveRequest", {"peer": "string",
                                                                 "peer_id": "string"})
