@@ -111,6 +111,9 @@ SYS_CASES = [
     ("SERVER.REMOVE", b"{}"),
     ("SERVER.REMOVE", b"{bad"),
     ("SERVER.REMOVE", b'{"peer": "x", "bogus": 1}'),
+    ("META.LEADER.STEPDOWN", b"{bad"),
+    ("META.LEADER.STEPDOWN", b'{"placement": {"preferred": "nope"}}'),
+    ("META.LEADER.STEPDOWN", b'{"placement": {"cluster": "nope"}}'),
 ]
 
 # Made before the cases: their replies must be successes.

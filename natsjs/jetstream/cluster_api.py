@@ -20,17 +20,16 @@ schemas and the one error reply are apicore.py's.
 from __future__ import annotations
 
 import json
-import random
 
 import trio
 
 from natsjs.jetstream import consumercfg as CC
 from natsjs.jetstream import snapshot
 from natsjs.jetstream import streamcfg as SC
-from natsjs.jetstream.apicore import (LIST_LIMIT, NAMES_LIMIT, PEER_REMOVE_REQUEST,
-                                      STEPDOWN_REQUEST, T, Request, check_msg_delete,
-                                      check_purge, decode, decode_required, err,
-                                      pause_response, sourcing_consumer_name)
+from natsjs.jetstream.apicore import (LIST_LIMIT, NAMES_LIMIT, PEER_REMOVE_REQUEST, T,
+                                      Request, check_msg_delete, check_purge,
+                                      decode_required, err, pause_response,
+                                      sourcing_consumer_name)
 from natsjs.jetstream.cluster import consumer_peers, group_name
 from natsjs.jetstream.consumer import ephemeral_name
 from natsjs.jetstream.errors import BY_CONSTANT, ApiError
@@ -151,46 +150,17 @@ def _leads_for(api, rep, acts: bool) -> bool:
 
 
 def _step_down(cl, rep, r: Request) -> dict:
-    """A stream's or consumer's leader hands over: to the server named in the request's
-    ``placement.preferred``, to one of the other servers its cluster and tags pick, or
-    (no request) to the most caught-up voter."""
+    """A stream's or consumer's leader hands over (``JSCluster.step_down_target``)."""
     rtype = r.rtype
-    to = None
-    if r.body.lstrip()[:1] in (b"{", b"["):      # Go's isJSONObjectOrArray
-        try:
-            placement = decode(r.body, STEPDOWN_REQUEST).get("placement")
-            to = _preferred_leader(cl, rep.raft, placement)
-        except ApiError as exc:
-            return err(rtype, exc)
+    try:
+        to = cl.step_down_target(rep.raft, r.body)
+    except ApiError as exc:
+        return err(rtype, exc)
     try:
         rep.raft.transfer_leadership(to)
     except Exception as exc:
         return err(rtype, ApiError.of("JSRaftGeneralErrF", err=str(exc)))
     return {"type": T + rtype, "success": True}
-
-
-def _preferred_leader(cl, raft, placement) -> str | None:
-    """server/jetstream_api.go getStepDownPreferredPlacement."""
-    if placement is None:
-        return None
-    peers = raft.node.voters
-    preferred = placement.get("preferred")
-    if preferred:
-        peer = cl.peer_of_name(preferred)
-        if peer == raft.id:
-            raise ApiError.of("JSClusterNoPeersErrF",
-                              err="preferred server %s is already leader" % json.dumps(preferred))
-        if peer is None or peer not in peers:
-            raise ApiError.of("JSClusterNoPeersErrF",
-                              err="preferred server %s not known" % json.dumps(preferred))
-        return peer
-    tags = placement.get("tags") or []
-    possible = [p for p in peers if p != raft.id and p in cl.nodes and cl.online(p)
-                and placement.get("cluster", "") in ("", cl.nodes[p].cluster)
-                and all(t in cl.nodes[p].tags for t in tags)]
-    if not possible:
-        raise ApiError.of("JSClusterNoPeersErrF", err="no replacement peer connected")
-    return random.choice(possible)
 
 
 async def _stream_request(api, jsa, rep, r: Request):
