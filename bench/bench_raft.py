@@ -18,13 +18,9 @@ import trio
 from natsjs._core import raftlog as rl
 from natsjs._core.filelog import FileLog
 from natsjs.jetstream.raft import RaftNode
-from natsjs.jetstream.raft_driver import (
-    DirFiles,
-    LocalNetwork,
-    RaftService,
-    RaftStorage,
-    StateMachine,
-)
+from natsjs.jetstream.raft_driver import RaftService, StateMachine
+from natsjs.jetstream.raft_storage import DirFiles, RaftStorage
+from natsjs.testing.raftnet import LocalNetwork
 
 PAYLOAD = bytes(random.Random(1).randbytes(128))
 N = 10_000

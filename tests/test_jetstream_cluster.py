@@ -258,6 +258,36 @@ def test_stream_leader_step_down_elects_another(cluster3):
     run(main())
 
 
+def test_a_step_down_hands_over_to_the_preferred_server(cluster3):
+    """placement.preferred names the next leader (server/jetstream_api.go
+    getStepDownPreferredPlacement): each follower in turn takes over, the leader itself
+    or an unknown server is refused."""
+    async def main():
+        nc, js = await connect(cluster3)
+        await js.add_stream(name="S", subjects=["s"], num_replicas=3)
+        await js.publish("s", b"1")
+
+        async def step_down(preferred):
+            req = json.dumps({"placement": {"preferred": preferred}}).encode()
+            resp = await nc.request("$JS.API.STREAM.LEADER.STEPDOWN.S", req, timeout=TIMEOUT)
+            return json.loads(resp.data)
+        for _ in range(2):
+            leader = await until(lambda: stream_leader(js, "S"))
+            for name in sorted(cluster3.name(i) for i in range(3)):
+                if name != leader:
+                    break
+            assert (await step_down(name)).get("success") is True
+            await until(lambda: _leads(js, "S", name))
+        leader = await stream_leader(js, "S")
+        assert (await step_down(leader))["error"]["description"] == \
+            'preferred server "%s" is already leader' % leader
+        assert (await step_down("nope"))["error"]["description"] == \
+            'preferred server "nope" not known'
+        assert await stream_leader(js, "S") == leader
+        await nc.close()
+    run(main())
+
+
 def test_a_publish_right_after_a_step_down_hears_no_responders_not_silence(cluster3):
     """The old leader drops its interest in the stream's subjects as it starts handing
     over, before it answers: a publish sent at once gets "no responders" from the
@@ -1150,9 +1180,7 @@ def _stored(cluster: JSCluster, i: int, name: str) -> list:
         log.close()
 
 
-# The leader case (role="leader") fails to be set up about two runs in three: the
-# restarted server does not take the preferred step-down in time; left out for now.
-@pytest.mark.parametrize("role", ["follower"])
+@pytest.mark.parametrize("role", ["follower", "leader"])
 def test_a_replica_that_fails_to_apply_resets_from_the_leader(cluster3, role):
     """Applying a committed message fails on one replica only (a disk error, injected
     through NATSJS_TEST_FAIL_APPLY), a follower or the leader: not an outcome every
@@ -1183,7 +1211,8 @@ def test_a_replica_that_fails_to_apply_resets_from_the_leader(cluster3, role):
     async def lead_from_bad():
         nc, js = await connect(cluster3)
         req = json.dumps({"placement": {"preferred": cluster3.name(bad)}}).encode()
-        await nc.request("$JS.API.STREAM.LEADER.STEPDOWN.R", req, timeout=TIMEOUT)
+        resp = await nc.request("$JS.API.STREAM.LEADER.STEPDOWN.R", req, timeout=TIMEOUT)
+        assert json.loads(resp.data).get("success") is True, resp.data
         await until(lambda: _leads(js, "R", cluster3.name(bad)))
         await nc.close()
     if role == "leader":

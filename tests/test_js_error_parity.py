@@ -18,7 +18,7 @@ import nats
 import pytest
 
 from conftest import ServerProcess, natsjs_command, reference_server_binary
-from jscluster import JSCluster
+from jscluster import SYS_USER, JSCluster
 
 # A second account whose JetStream allows one stream and two consumers.
 LIMITED = """  LIM { jetstream: { max_streams: 1, max_consumers: 2 },
@@ -89,6 +89,31 @@ CASES = [
      b'{"stream_name": "L", "config": {"durable_name": "C3"}}'),
     ("app", "CONSUMER.CREATE.ONE.C2",
      b'{"stream_name": "ONE", "config": {"durable_name": "C2"}}'),
+    # a failed snapshot request's reply has no config or state (omitempty in Go)
+    ("app", "STREAM.SNAPSHOT.S", b""),
+    ("app", "STREAM.SNAPSHOT.S", b"{}"),
+    ("app", "STREAM.SNAPSHOT.S", b"{bad"),
+    ("app", "STREAM.SNAPSHOT.S", b'{"deliver_subject": "d.*"}'),
+    ("app", "STREAM.SNAPSHOT.S", b'{"deliver_subject": "d", "bogus": 1}'),
+    ("app", "STREAM.PEER.REMOVE.S", b""),
+    ("app", "STREAM.PEER.REMOVE.S", b"{bad"),
+    ("app", "STREAM.PEER.REMOVE.S", b'{"peer": ""}'),
+    ("app", "STREAM.PEER.REMOVE.S", b'{"peer": "x", "bogus": 1}'),
+    ("app", "STREAM.PEER.REMOVE.NOPE", b'{"peer": "x"}'),
+    ("app", "STREAM.LEADER.STEPDOWN.S", b'{"placement": {"preferred": "nope"}}'),
+    ("app", "STREAM.LEADER.STEPDOWN.S", b"{bad"),
+    ("app", "CONSUMER.LEADER.STEPDOWN.S.C", b'{"placement": {"preferred": "nope"}}'),
+]
+
+# Sent in the system account to a cluster only (the meta leader answers).
+SYS_CASES = [
+    ("SERVER.REMOVE", b""),
+    ("SERVER.REMOVE", b"{}"),
+    ("SERVER.REMOVE", b"{bad"),
+    ("SERVER.REMOVE", b'{"peer": "x", "bogus": 1}'),
+    ("META.LEADER.STEPDOWN", b"{bad"),
+    ("META.LEADER.STEPDOWN", b'{"placement": {"preferred": "nope"}}'),
+    ("META.LEADER.STEPDOWN", b'{"placement": {"cluster": "nope"}}'),
 ]
 
 # Made before the cases: their replies must be successes.
@@ -127,9 +152,11 @@ def _single(tmp, name: str, argv0: list[str]) -> ServerProcess:
     return ServerProcess(argv0 + ["-c", conf], args=["-c", conf]).start()
 
 
-async def _transcript(url: str, cluster: bool) -> list:
+async def _transcript(url: str, cluster: bool, sys_login=None) -> list:
     conns = {"app": await nats.connect(url, user="app", password="app"),
              "lim": await nats.connect(url, user="lim", password="lim")}
+    if sys_login:
+        conns["sys"] = await nats.connect(url, user=sys_login[0], password=sys_login[1])
     try:
         async def ask(acc, subject, body):
             msg = await conns[acc].request(API + subject, body, timeout=10)
@@ -141,14 +168,17 @@ async def _transcript(url: str, cluster: bool) -> list:
                 body = json.dumps(cfg).encode()
             reply = await ask(acc, subject, body)
             assert "error" not in reply, (subject, reply)
-        return [await ask(*case) for case in CASES]
+        out = [await ask(*case) for case in CASES]
+        if sys_login:
+            out += [await ask("sys", *case) for case in SYS_CASES]
+        return out
     finally:
         for nc in conns.values():
             await nc.close()
 
 
-def _run(url: str, cluster: bool) -> list:
-    return asyncio.run(_transcript(url, cluster))
+def _run(url: str, cluster: bool, sys_login=None) -> list:
+    return asyncio.run(_transcript(url, cluster, sys_login))
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +195,9 @@ def replies(tmp_path_factory):
         cdir.mkdir()
         with JSCluster(cdir, 3, reference=name == "reference",
                        accounts=LIMITED).start() as c:
-            out[name + "-cluster"] = _run(c.url(0), True)
+            replies = _run(c.url(0), True, (SYS_USER, c.sys_pass))
+            out[name + "-cluster"] = replies[:len(CASES)]
+            out[name + "-cluster-sys"] = replies[len(CASES):]
     return out
 
 
@@ -195,3 +227,12 @@ def test_cluster_matches_single_server(replies):
     same = [i for i, (a, b) in enumerate(zip(replies["reference"], replies["reference-cluster"]))
             if a == b]
     assert [i for i in same if replies["natsjs"][i] != replies["natsjs-cluster"][i]] == []
+
+
+def test_cluster_system_requests_match_reference_cluster(replies):
+    """The meta leader's requests in the system account read their bodies as every
+    other request does: no body is a bad request, bad JSON is JSInvalidJSONErr."""
+    pairs = zip(SYS_CASES, replies["natsjs-cluster-sys"], replies["reference-cluster-sys"])
+    diff = ["%s %s: %s != %s" % (subj, body.decode(), a, b)
+            for (subj, body), a, b in pairs if a != b]
+    assert not diff, "\n".join(diff)

@@ -15,13 +15,9 @@ import trio
 
 from natsjs._core.filelog import FileLog
 from natsjs.jetstream.raft import NotLeader, RaftConfig
-from natsjs.jetstream.raft_driver import (
-    DirFiles,
-    LocalNetwork,
-    RaftService,
-    RaftStorage,
-    StateMachine,
-)
+from natsjs.jetstream.raft_driver import RaftService, StateMachine
+from natsjs.jetstream.raft_storage import DirFiles, RaftStorage
+from natsjs.testing.raftnet import LocalNetwork
 
 PEERS = ("a", "b", "c")
 

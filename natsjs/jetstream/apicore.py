@@ -14,7 +14,7 @@ from natsjs.jetstream import streamcfg as SC
 from natsjs.jetstream.consumercfg import pause_ns
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import ZERO_TIME, now_ns
-from natsjs.jetstream.schema import RAW, DecodeError, Struct, decode_request
+from natsjs.jetstream.schema import RAW, DecodeError, Struct, decode_request, is_empty_request
 
 T = "io.nats.jetstream.api.v1."
 NAMES_LIMIT = 1024          # server/jetstream_api.go JSApiNamesLimit
@@ -56,6 +56,10 @@ SNAPSHOT_REQUEST = Struct("JSApiStreamSnapshotRequest", {
     "window_size": "int", "jsck": "bool"})
 RESTORE_REQUEST = Struct("JSApiStreamRestoreRequest", {"config": SC.STREAM_CONFIG,
                                                        "state": RAW})
+STEPDOWN_REQUEST = Struct("JSApiLeaderStepdownRequest", {"placement": SC.PLACEMENT})
+PEER_REMOVE_REQUEST = Struct("JSApiStreamRemovePeerRequest", {"peer": "string"})
+SERVER_REMOVE_REQUEST = Struct("JSApiMetaServerRemoveRequest", {"peer": "string",
+                                                                "peer_id": "string"})
 
 
 def decode(body: bytes, schema: Struct) -> dict:
@@ -65,6 +69,14 @@ def decode(body: bytes, schema: Struct) -> dict:
         return decode_request(body, schema)
     except DecodeError as exc:
         raise ApiError.of("JSInvalidJSONErr", err=str(exc)) from None
+
+
+def decode_required(body: bytes, schema: Struct) -> dict:
+    """``decode`` for a request that must say something: no body or an empty object is
+    JSBadRequestErr (server/jetstream_api.go isEmptyRequest before unmarshalRequest)."""
+    if is_empty_request(body):
+        raise ApiError.of("JSBadRequestErr")
+    return decode(body, schema)
 
 
 def err(rtype: str, error: ApiError) -> dict:

@@ -39,19 +39,16 @@ import trio
 from natsjs._core.filelog import FileLog
 from natsjs.clientinfo import request_info, service_account
 from natsjs.jetstream import consumercfg as CC
+from natsjs.jetstream.apicore import (SERVER_REMOVE_REQUEST, STEPDOWN_REQUEST, decode,
+                                      decode_required)
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, rfc3339_nano
 from natsjs.jetstream.placement import Candidate, PlacementError, select_peers
 from natsjs.jetstream.raft import ConfigChangeInProgress
 from natsjs.jetstream.raft import NotLeader as NotLeaderError
 from natsjs.jetstream.raft import RaftConfig
-from natsjs.jetstream.raft_driver import (
-    DirFiles,
-    RaftService,
-    RaftStorage,
-    StateMachine,
-    hand_to,
-)
+from natsjs.jetstream.raft_driver import RaftService, StateMachine, hand_to
+from natsjs.jetstream.raft_storage import DirFiles, RaftStorage
 from natsjs.jetstream.replicated import ReplicatedConsumer, ReplicatedStream
 
 _DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -698,22 +695,45 @@ class JetStreamCluster:
                 not self._from_system_account("stepdown", hdr, msg):
             return
         body = msg[hdr:] if hdr and hdr > 0 else msg
-        to = None
         try:
-            req = json.loads(body) if body.strip() else {}
-            preferred = (req.get("placement") or {}).get("preferred")
-        except (ValueError, AttributeError):
-            return self._sys_reply(reply, rtype, ApiError.of("JSBadRequestErr"))
-        if preferred:
-            to = self.peer_of_name(preferred)
-            if to is None or to not in self._meta_voters():
-                return self._sys_reply(reply, rtype, ApiError.of(
-                    "JSClusterNoPeersErrF", err="preferred server %s not known" % preferred))
+            to = self.step_down_target(self.meta, body)
+        except ApiError as exc:
+            return self._sys_reply(reply, rtype, exc)
         try:
             self.meta.transfer_leadership(to)
         except Exception as exc:
             return self._sys_reply(reply, rtype, ApiError.of("JSRaftGeneralErrF", err=str(exc)))
         self._sys_reply(reply, rtype)
+
+    def step_down_target(self, raft, body: bytes) -> str | None:
+        """Who a leader of ``raft`` hands over to, as a step-down request's ``body``
+        says (server/jetstream_api.go: isJSONObjectOrArray, then
+        getStepDownPreferredPlacement): the server ``placement.preferred`` names, or
+        an online peer of the placement's cluster and tags; None (no body) for the most
+        caught-up voter.  ApiError: bad JSON, or no such peer."""
+        if body.lstrip()[:1] not in (b"{", b"["):
+            return None
+        placement = decode(body, STEPDOWN_REQUEST).get("placement")
+        if placement is None:
+            return None
+        peers = raft.node.voters
+        preferred = placement.get("preferred")
+        if preferred:
+            peer = self.peer_of_name(preferred)
+            if peer == raft.id:
+                raise ApiError.of("JSClusterNoPeersErrF", err="preferred server %s is "
+                                  "already leader" % json.dumps(preferred))
+            if peer is None or peer not in peers:
+                raise ApiError.of("JSClusterNoPeersErrF", err="preferred server %s not "
+                                  "known" % json.dumps(preferred))
+            return peer
+        tags = placement.get("tags") or []
+        possible = [p for p in peers if p != raft.id and p in self.nodes and self.online(p)
+                    and placement.get("cluster", "") in ("", self.nodes[p].cluster)
+                    and all(t in self.nodes[p].tags for t in tags)]
+        if not possible:
+            raise ApiError.of("JSClusterNoPeersErrF", err="no replacement peer connected")
+        return random.choice(possible)
 
     def _on_server_remove(self, sub, subject, reply, hdr, msg) -> None:
         """$JS.API.SERVER.REMOVE: a server that will never return leaves the meta group;
@@ -723,10 +743,10 @@ class JetStreamCluster:
             return
         body = msg[hdr:] if hdr and hdr > 0 else msg
         try:
-            req = json.loads(body)
-            peer = req.get("peer_id") or self.peer_of_name(req.get("peer", ""))
-        except (ValueError, AttributeError):
-            peer = None
+            req = decode_required(body, SERVER_REMOVE_REQUEST)
+        except ApiError as exc:
+            return self._sys_reply(reply, "meta_server_remove_response", exc)
+        peer = req.get("peer_id") or self.peer_of_name(req.get("peer", ""))
         self._nursery.start_soon(self._server_remove, peer, reply)
 
     async def _server_remove(self, peer, reply: bytes) -> None:

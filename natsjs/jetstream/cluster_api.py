@@ -27,8 +27,9 @@ from natsjs.jetstream import consumercfg as CC
 from natsjs.jetstream import priority
 from natsjs.jetstream import snapshot
 from natsjs.jetstream import streamcfg as SC
-from natsjs.jetstream.apicore import (LIST_LIMIT, NAMES_LIMIT, T, Request, check_msg_delete,
-                                      check_purge, err, pause_response,
+from natsjs.jetstream.apicore import (LIST_LIMIT, NAMES_LIMIT, PEER_REMOVE_REQUEST, T,
+                                      Request, check_msg_delete, check_purge,
+                                      decode_required, err, pause_response,
                                       sourcing_consumer_name)
 from natsjs.jetstream.cluster import consumer_peers, group_name
 from natsjs.jetstream.consumer import ephemeral_name
@@ -106,7 +107,7 @@ async def handle(api, jsa, r: Request, reply: bytes | None):
     if op == "CONSUMER.INFO":
         return {"type": T + r.rtype, **r.replica.consumer.info()}
     if op == "CONSUMER.LEADER.STEPDOWN":
-        return _step_down(r.replica, r.rtype)
+        return _step_down(cl, r.replica, r)
     if op == "CONSUMER.UNPIN":
         return priority.unpin(r.replica.consumer, r.req)
     if op == "INFO":
@@ -151,9 +152,15 @@ def _leads_for(api, rep, acts: bool) -> bool:
     return not acts or rep.raft.leader_since <= api.received
 
 
-def _step_down(rep, rtype: str) -> dict:
+def _step_down(cl, rep, r: Request) -> dict:
+    """A stream's or consumer's leader hands over (``JSCluster.step_down_target``)."""
+    rtype = r.rtype
     try:
-        rep.raft.transfer_leadership()
+        to = cl.step_down_target(rep.raft, r.body)
+    except ApiError as exc:
+        return err(rtype, exc)
+    try:
+        rep.raft.transfer_leadership(to)
     except Exception as exc:
         return err(rtype, ApiError.of("JSRaftGeneralErrF", err=str(exc)))
     return {"type": T + rtype, "success": True}
@@ -169,7 +176,7 @@ async def _stream_request(api, jsa, rep, r: Request):
         # server does (snapshot.py)
         return snapshot.snapshot_request(api, jsa, name, r.hdr, r.body)
     if op == "STREAM.LEADER.STEPDOWN":
-        return _step_down(rep, rtype)
+        return _step_down(api.js.cluster, rep, r)
     if op == "STREAM.PURGE":
         try:
             check_purge(rep.stream.cfg)
@@ -412,10 +419,11 @@ async def _peer_remove(api, jsa, name: str, body: bytes):
     cl = api.js.cluster
     rtype = "stream_remove_peer_response"
     try:
-        req = json.loads(body or b"{}")
-        peer_name = req.get("peer", "")
-    except ValueError as exc:
-        return err(rtype, ApiError.of("JSInvalidJSONErr", err=str(exc)))
+        peer_name = decode_required(body, PEER_REMOVE_REQUEST).get("peer", "")
+        if not peer_name:
+            raise ApiError.of("JSBadRequestErr")
+    except ApiError as exc:
+        return err(rtype, exc)
     sa = cl.state.streams.get("%s %s" % (jsa.name, name))
     if sa is None:
         return err(rtype, ApiError.of("JSStreamNotFoundErr"))

@@ -31,12 +31,13 @@ Durability rules:
 * entries are applied only once committed and persisted locally;
 * repair before voting: a node whose storage was found damaged on start (a log that
   lost entries it may have acknowledged, a term/vote it can no longer read: see
-  ``RaftStorage.recover``) starts with ``repair=True``.  It neither stands for election
-  nor grants a vote (real or pre-) until it has heard a leader and holds, durable and
-  matching that leader, an entry of the leader's term: it then has every entry committed
-  before that term, and it takes that leader as its vote for the term.  Until then it
-  only follows and acknowledges what it really holds, like any follower.  The flag is
-  part of the hard state, so a crash during the repair does not end it.
+  ``RaftStorage.recover``, natsjs/jetstream/raft_storage.py) starts with ``repair=True``.
+  It neither stands for election nor grants a vote (real or pre-) until it has heard a
+  leader and holds, durable and matching that leader, an entry of the leader's term: it
+  then has every entry committed before that term, and it takes that leader as its vote
+  for the term.  Until then it only follows and acknowledges what it really holds, like
+  any follower.  The flag is part of the hard state, so a crash during the repair does
+  not end it.
 * a member whose state machine is still fetching what a snapshot describes
   (``set_restoring``) neither acknowledges nor applies nor stands for election.
 

@@ -45,7 +45,8 @@ from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns
 from natsjs.jetstream.priority import announce_paused
 from natsjs.jetstream.raft import ConfigChangeInProgress, NotLeader, RaftConfig
-from natsjs.jetstream.raft_driver import DirFiles, RaftService, RaftStorage, StateMachine
+from natsjs.jetstream.raft_driver import RaftService, StateMachine
+from natsjs.jetstream.raft_storage import DirFiles, RaftStorage
 from natsjs.jetstream.recovery import log_recovery
 from natsjs.jetstream.snapshot import ClusterRestore
 from natsjs.jetstream.store import (META, MSGS, OBS, ConsumerState, MemConsumerStore,

@@ -57,7 +57,7 @@ from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, rfc3339_nano
 from natsjs.jetstream.names import (name_too_long, safe_name, valid_asset_name,
                                     valid_publish_subject)
-from natsjs.jetstream.schema import DecodeError, decode_struct, loads
+from natsjs.jetstream.schema import DecodeError, decode_struct, is_empty_request, loads
 from natsjs.jetstream.store import (META, MSGS, OBS, ConsumerState, FileConsumerStore,
                                     MemConsumerStore, open_message_log, write_json_atomic)
 from natsjs.jetstream.stream import Stream
@@ -402,7 +402,7 @@ def snapshot_request(api, jsa, name: str, hdr, body: bytes) -> dict:
     rtype = "stream_snapshot_response"
     try:
         check_api_level(hdr)
-        if not body.strip():
+        if is_empty_request(body):
             raise ApiError.of("JSBadRequestErr")
         stream = lookup_stream(jsa, name)
         req = decode(body, SNAPSHOT_REQUEST)

@@ -34,9 +34,9 @@ import sys
 import time
 
 from natsjs.jetstream.raft import LEADER, ConfigChangeInProgress, NotLeader, RaftConfig, RaftNode
-from natsjs.jetstream.raft_driver import SNAPSHOT as SNAPSHOT_FILE
-from natsjs.jetstream.raft_driver import STATE as STATE_FILE
-from natsjs.jetstream.raft_driver import RaftStorage
+from natsjs.jetstream.raft_storage import SNAPSHOT as SNAPSHOT_FILE
+from natsjs.jetstream.raft_storage import STATE as STATE_FILE
+from natsjs.jetstream.raft_storage import RaftStorage
 
 
 class Violation(AssertionError):
