@@ -20,9 +20,13 @@ import pytest
 from conftest import ServerProcess, natsjs_command, reference_server_binary
 from jscluster import JSCluster
 
-# A second account whose JetStream allows one stream and two consumers.
+# A second account whose JetStream allows one stream and two consumers, a third whose
+# streams must have a max_bytes, of at most 2048 in memory and 4096 in files.
 LIMITED = """  LIM { jetstream: { max_streams: 1, max_consumers: 2 },
-        users = [ { user: lim, pass: lim } ] }"""
+        users = [ { user: lim, pass: lim } ] }
+  BYTES { jetstream: { max_stream_bytes: true, memory_max_stream_bytes: 2048,
+                       store_max_stream_bytes: 4096 },
+          users = [ { user: bytes, pass: bytes } ] }"""
 
 API = "$JS.API."
 
@@ -89,6 +93,10 @@ CASES = [
      b'{"stream_name": "L", "config": {"durable_name": "C3"}}'),
     ("app", "CONSUMER.CREATE.ONE.C2",
      b'{"stream_name": "ONE", "config": {"durable_name": "C2"}}'),
+    ("bytes", "STREAM.CREATE.B", b'{"name": "B", "subjects": ["b"]}'),
+    ("bytes", "STREAM.CREATE.B", b'{"name": "B", "subjects": ["b"], "max_bytes": 4097}'),
+    ("bytes", "STREAM.CREATE.B",
+     b'{"name": "B", "subjects": ["b"], "storage": "memory", "max_bytes": 2049}'),
 ]
 
 # Made before the cases: their replies must be successes.
@@ -129,7 +137,8 @@ def _single(tmp, name: str, argv0: list[str]) -> ServerProcess:
 
 async def _transcript(url: str, cluster: bool) -> list:
     conns = {"app": await nats.connect(url, user="app", password="app"),
-             "lim": await nats.connect(url, user="lim", password="lim")}
+             "lim": await nats.connect(url, user="lim", password="lim"),
+             "bytes": await nats.connect(url, user="bytes", password="bytes")}
     try:
         async def ask(acc, subject, body):
             msg = await conns[acc].request(API + subject, body, timeout=10)
