@@ -912,7 +912,8 @@ class Consumer:
         now = trio.current_time()
         due = []
         if not self.push:
-            nxt = self._expire_waiting(now, end_of_stream=self._at_end())
+            nxt = self._expire_waiting(now, end_of_stream=self._at_end() or
+                                       self._waiting_due(now))
             if nxt is not None:
                 due.append(nxt - now)
         hb = self.cfg["idle_heartbeat"]
@@ -943,6 +944,14 @@ class Consumer:
             else:
                 self.paused_until = 0
         return min(due) if due else None
+
+    def _waiting_due(self, now: float) -> bool:
+        """A pull request's heartbeat or expiry is due: nats-server's timer for them fired,
+        and its processWaiting(true) then answers no_wait requests as at the end of the
+        stream, also those max_ack_pending holds messages back from (a no_wait request
+        that got some ends with 404 at its first heartbeat instead of lingering)."""
+        return any((wr.hb and now >= wr.hbt) or (wr.expires and now >= wr.expires)
+                   for wr in self.waiting)
 
     def _at_end(self) -> bool:
         """Nothing to deliver now: the end of the stream, or paused (server/consumer.go

@@ -1,0 +1,67 @@
+"""Behaviours nats.py's own JetStream tests (nats/tests/test_js.py) rely on, natsjs
+against the reference nats-server: each test runs the same steps on both.
+
+- A no_wait pull request that got some messages and is then held back by
+  max_ack_pending ends with ``404 No Messages`` when its first heartbeat is due
+  (nats-server's waiting-request timer runs processWaiting as at the end of the
+  stream): acknowledging later frees nothing for it. nats.py's fetch relies on this; a
+  lingering request would receive messages meant for the next fetch.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import nats
+import pytest
+
+from conftest import start_natsjs, start_reference
+
+KINDS = ["natsjs", "reference"]
+
+
+def _server(kind: str, store):
+    start = start_natsjs if kind == "natsjs" else start_reference
+    return start("-js", "-sd", str(store))
+
+
+def _status(msg) -> str | None:
+    return (msg.headers or {}).get("Status")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_wait_pull_held_by_max_ack_pending_ends_at_its_heartbeat(kind, tmp_path):
+    async def run(url):
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="E", subjects=["e.>"])
+            await js.add_consumer("E", durable_name="a", max_ack_pending=2, ack_wait=30)
+            for i in range(5):
+                await js.publish("e.%d" % i, b"%d" % i)
+            inbox = nc.new_inbox()
+            sub = await nc.subscribe(inbox)
+            req = {"batch": 10, "expires": 10_000_000_000, "idle_heartbeat": 200_000_000,
+                   "no_wait": True}
+            await nc.publish("$JS.API.CONSUMER.MSG.NEXT.E.a", json.dumps(req).encode(), inbox)
+            got = [await sub.next_msg(timeout=5) for _ in range(2)]
+            assert [m.data for m in got] == [b"0", b"1"]
+            # Well before the request's 10s expiry: its first heartbeat's turn ends it.
+            end = await sub.next_msg(timeout=3)
+            assert (_status(end), end.headers.get("Description")) == ("404", "No Messages")
+            for m in got:
+                await m.ack_sync()
+            # The room the acks made goes to nobody: the request is gone.
+            with pytest.raises(nats.errors.TimeoutError):
+                extra = await sub.next_msg(timeout=1)
+                pytest.fail("after the end: %r %r" % (extra.data, extra.headers))
+            info = await js.consumer_info("E", "a")
+            assert (info.num_ack_pending, info.num_pending) == (0, 3)
+        finally:
+            await nc.close()
+
+    s = _server(kind, tmp_path)
+    try:
+        asyncio.run(asyncio.wait_for(run(s.url), 30))
+    finally:
+        s.stop()
