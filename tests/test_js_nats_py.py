@@ -6,11 +6,18 @@ against the reference nats-server: each test runs the same steps on both.
   (nats-server's waiting-request timer runs processWaiting as at the end of the
   stream): acknowledging later frees nothing for it. nats.py's fetch relies on this; a
   lingering request would receive messages meant for the next fetch.
+- A push consumer's delivery of a published message reaches the publishing client in
+  the same write as the message's PubAck (nats-server queues both on the stream's one
+  outq). nats.py counts a subscription's pending messages per read: a delivery that
+  lags behind its PubAck can come in one read with the next PubAck and the next
+  delivery, two at once for a queue subscriber whose limit is one
+  (test_subscribe_custom_limits). natsjs only: see the test.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import nats
 import pytest
@@ -65,3 +72,50 @@ def test_no_wait_pull_held_by_max_ack_pending_ends_at_its_heartbeat(kind, tmp_pa
         asyncio.run(asyncio.wait_for(run(s.url), 30))
     finally:
         s.stop()
+
+
+PUBLISHES = 40
+
+
+def test_push_delivery_comes_with_its_pub_ack(tmp_path):
+    """natsjs writes a PubAck and its deliveries at once. nats-server only nearly does
+    (both wait on one queue, but its writer may flush between them when the machine is
+    busy), so the reference is not held to this."""
+    async def run(url, port):
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="Q", subjects=["q"])
+            await js.add_consumer("Q", durable_name="d", deliver_subject="dlv",
+                                  deliver_group="wg", ack_policy="none")
+        finally:
+            await nc.close()
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        await r.readline()
+        w.write(b'CONNECT {"verbose":false,"headers":true,"protocol":1}\r\n'
+                b"SUB dlv wg 1\r\nSUB ack.* 2\r\nPING\r\n")
+        buf = b""
+        while b"PONG" not in buf:
+            buf += await asyncio.wait_for(r.read(65536), 10)
+        apart = []
+        for i in range(PUBLISHES):
+            w.write(b"PUB q ack.%d 1\r\nx\r\n" % i)
+            await w.drain()
+            seen = []
+            while ("ack.%d" % i) not in seen:
+                chunk = await asyncio.wait_for(r.read(65536), 10)
+                seen += [s.decode() for s in re.findall(rb"MSG (\S+) ", chunk)]
+            if seen.count("q") != 1:
+                apart.append((i, seen))
+        w.close()
+        return apart
+
+    s = _server("natsjs", tmp_path)
+    try:
+        host, port = s.url.rsplit(":", 1)
+        apart = asyncio.run(asyncio.wait_for(run(s.url, int(port)), 60))
+    finally:
+        s.stop()
+    # Every read that brought a PubAck brought its delivery too, and no other.
+    assert apart == []
+

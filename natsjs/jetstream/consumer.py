@@ -364,7 +364,15 @@ class Consumer:
                 await self._deliver_loop()
 
     def signal(self) -> None:
-        """The stream has new durable messages."""
+        """The stream has new durable messages: what is ready goes out now, in the
+        stream's turn right after its PubAcks, and the loop delivers the rest.
+        nats-server queues a PubAck and the deliveries it causes on the stream's one
+        outq, so a client reads them together; delivered later from this consumer's
+        own task, they could reach a publishing client with the next PubAck, two at
+        once, where nats.py's pending limits count per read (a slow consumer)."""
+        if not self.closed and self._leading and \
+                (self.replica is None or self.replica.may_deliver()):
+            self._deliver_some()
         self._wake.unpark()
 
     def stream_changed(self) -> None:
