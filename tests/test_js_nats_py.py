@@ -12,6 +12,9 @@ against the reference nats-server: each test runs the same steps on both.
   lags behind its PubAck can come in one read with the next PubAck and the next
   delivery, two at once for a queue subscriber whose limit is one
   (test_subscribe_custom_limits). natsjs only: see the test.
+- With a JetStream domain, ``$JS.<domain>.API.>`` reaches the API as ``$JS.API.>`` does,
+  and ``$JS.<domain>.API.$KV.>`` / ``$OBJ.>`` reach ``$KV.>`` / ``$OBJ.>``
+  (nats.py's ``nc.jetstream(domain=...)``, test_account_limits).
 """
 from __future__ import annotations
 
@@ -119,3 +122,39 @@ def test_push_delivery_comes_with_its_pub_ack(tmp_path):
     # Every read that brought a PubAck brought its delivery too, and no other.
     assert apart == []
 
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_domain_prefixed_api(kind, tmp_path):
+    async def run(url):
+        nc = await nats.connect(url)
+        try:
+            async def api(subject, body=b""):
+                msg = await nc.request("$JS.D.API." + subject, body, timeout=5)
+                return json.loads(msg.data)
+            info = await api("INFO")
+            assert (info["type"], info["domain"]) == (
+                "io.nats.jetstream.api.v1.account_info_response", "D")
+            cfg = {"name": "KV_B", "subjects": ["$KV.B.>"], "allow_direct": True}
+            made = await api("STREAM.CREATE.KV_B", json.dumps(cfg).encode())
+            assert made["config"]["name"] == "KV_B", made
+            ack = json.loads((await nc.request("$JS.D.API.$KV.B.k", b"v", timeout=5)).data)
+            assert ack == {"stream": "KV_B", "domain": "D", "seq": 1}
+            got = await nc.request("$JS.D.API.DIRECT.GET.KV_B",
+                                   b'{"last_by_subj": "$KV.B.k"}', timeout=5)
+            assert (got.data, got.headers["Nats-Subject"]) == (b"v", "$KV.B.k")
+            names = await api("STREAM.NAMES")
+            assert names["streams"] == ["KV_B"]
+            # No mapping covers other suffixes: nobody answers.
+            with pytest.raises(nats.errors.NoRespondersError):
+                await nc.request("$JS.D.API.NOPE.X", b"", timeout=5)
+        finally:
+            await nc.close()
+
+    conf = tmp_path / "server.conf"
+    conf.write_text("jetstream { domain: D, store_dir: %s }\n" % json.dumps(str(tmp_path / "js")))
+    start = start_natsjs if kind == "natsjs" else start_reference
+    s = start("-c", str(conf))
+    try:
+        asyncio.run(asyncio.wait_for(run(s.url), 30))
+    finally:
+        s.stop()
