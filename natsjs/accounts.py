@@ -53,6 +53,10 @@ JS_API_ALL = b"$JS.API.>"
 # its direct gets through their own subscriptions in the account (server/client.go
 # processServiceImport skips these for the JetStream import).
 JS_NOT_IMPORTED = (b"$JS.API.CONSUMER.MSG.NEXT.", b"$JS.API.DIRECT.GET.")
+# With a JetStream domain, ``$JS.<domain>.API.<suffix>`` is the API too: nats-server maps
+# these in every JetStream account (server/jetstream_api.go generateJSMappingTable);
+# ``$KV.>`` and ``$OBJ.>`` behind the prefix lose it altogether.
+JS_DOMAIN_API_TOKENS = (b"STREAM", b"CONSUMER", b"DIRECT", b"META", b"SERVER", b"ACCOUNT")
 _BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
@@ -434,6 +438,20 @@ class Account:
             new_reply = sys_acc.map_reply(dst, reply, "singleton") if reply else None
             server.deliver(sys_acc, subject, new_reply, msg, hdr)
         server.subscribe_internal(dst, JS_API_ALL, WithProducer(request), owner, route=False)
+        js = getattr(server, "jetstream", None)
+        if js is None or not js.domain:
+            return
+        prefix = b"$JS.%s.API." % js.domain.encode()
+
+        def domain_request(client, sub, subject, reply, hdr, msg):
+            mapped = js_domain_mapped(subject[len(prefix):])
+            if mapped is None:
+                return UNDELIVERED
+            if mapped.startswith(b"$JS.API.") and not mapped.startswith(JS_NOT_IMPORTED):
+                return request(client, sub, mapped, reply, hdr, msg)
+            server.deliver(dst, mapped, reply, msg, hdr)
+        server.subscribe_internal(dst, prefix + b">", WithProducer(domain_request), owner,
+                                  route=False)
 
     def reset_imports(self) -> None:
         """Forget the wiring of imports (a reload wires them again)."""
@@ -479,6 +497,20 @@ class Account:
                 del responses[k]
         responses[token] = (requester, reply, rtype, time.monotonic() + RESPONSE_TTL)
         return token
+
+
+def js_domain_mapped(suffix: bytes) -> bytes | None:
+    """Where ``$JS.<domain>.API.<suffix>`` leads (None: nowhere, no mapping covers it)."""
+    if suffix == b"INFO":
+        return b"$JS.API.INFO"
+    first, dot, rest = suffix.partition(b".")
+    if not rest:
+        return None
+    if first in JS_DOMAIN_API_TOKENS:
+        return b"$JS.API." + suffix
+    if first in (b"$KV", b"$OBJ"):
+        return suffix
+    return None
 
 
 class Imports:

@@ -20,9 +20,13 @@ import pytest
 from conftest import ServerProcess, natsjs_command, reference_server_binary
 from jscluster import SYS_USER, JSCluster
 
-# A second account whose JetStream allows one stream and two consumers.
+# A second account whose JetStream allows one stream and two consumers, a third whose
+# streams must have a max_bytes, of at most 2048 in memory and 4096 in files.
 LIMITED = """  LIM { jetstream: { max_streams: 1, max_consumers: 2 },
-        users = [ { user: lim, pass: lim } ] }"""
+        users = [ { user: lim, pass: lim } ] }
+  BYTES { jetstream: { max_stream_bytes: true, memory_max_stream_bytes: 2048,
+                       store_max_stream_bytes: 4096 },
+          users = [ { user: bytes, pass: bytes } ] }"""
 
 API = "$JS.API."
 
@@ -103,6 +107,10 @@ CASES = [
     ("app", "STREAM.LEADER.STEPDOWN.S", b'{"placement": {"preferred": "nope"}}'),
     ("app", "STREAM.LEADER.STEPDOWN.S", b"{bad"),
     ("app", "CONSUMER.LEADER.STEPDOWN.S.C", b'{"placement": {"preferred": "nope"}}'),
+    ("bytes", "STREAM.CREATE.B", b'{"name": "B", "subjects": ["b"]}'),
+    ("bytes", "STREAM.CREATE.B", b'{"name": "B", "subjects": ["b"], "max_bytes": 4097}'),
+    ("bytes", "STREAM.CREATE.B",
+     b'{"name": "B", "subjects": ["b"], "storage": "memory", "max_bytes": 2049}'),
 ]
 
 # Sent in the system account to a cluster only (the meta leader answers).
@@ -154,7 +162,8 @@ def _single(tmp, name: str, argv0: list[str]) -> ServerProcess:
 
 async def _transcript(url: str, cluster: bool, sys_login=None) -> list:
     conns = {"app": await nats.connect(url, user="app", password="app"),
-             "lim": await nats.connect(url, user="lim", password="lim")}
+             "lim": await nats.connect(url, user="lim", password="lim"),
+             "bytes": await nats.connect(url, user="bytes", password="bytes")}
     if sys_login:
         conns["sys"] = await nats.connect(url, user=sys_login[0], password=sys_login[1])
     try:

@@ -384,7 +384,9 @@ class Api:
                 return s.cfg if s is not None else None
         lim = jsa.limits
         return SC.CheckContext(get_stream=get_stream, max_bytes_required=lim.max_bytes_required,
-                               max_stream_bytes=-1, pedantic=pedantic,
+                               memory_max_stream_bytes=lim.memory_max_stream_bytes,
+                               store_max_stream_bytes=lim.store_max_stream_bytes,
+                               pedantic=pedantic,
                                server_dup_window=int(self.js.opts.limits.duplicate_window * 1e9))
 
     # ---- streams ------------------------------------------------------------------------

@@ -378,7 +378,15 @@ class Consumer:
                 await self._deliver_loop()
 
     def signal(self) -> None:
-        """The stream has new durable messages."""
+        """The stream has new durable messages: what is ready goes out now, in the
+        stream's turn right after its PubAcks, and the loop delivers the rest.
+        nats-server queues a PubAck and the deliveries it causes on the stream's one
+        outq, so a client reads them together; delivered later from this consumer's
+        own task, they could reach a publishing client with the next PubAck, two at
+        once, where nats.py's pending limits count per read (a slow consumer)."""
+        if not self.closed and self._leading and \
+                (self.replica is None or self.replica.may_deliver()):
+            self._deliver_some()
         self._wake.unpark()
 
     def stream_changed(self) -> None:
@@ -1037,7 +1045,8 @@ class Consumer:
         now = trio.current_time()
         due = []
         if not self.push:
-            nxt = self._expire_waiting(now, end_of_stream=self._at_end())
+            nxt = self._expire_waiting(now, end_of_stream=self._at_end() or
+                                       self._waiting_due(now))
             if nxt is not None:
                 due.append(nxt - now)
         hb = self.cfg["idle_heartbeat"]
@@ -1073,6 +1082,14 @@ class Consumer:
         if left is not None:
             due.append(left)
         return min(due) if due else None
+
+    def _waiting_due(self, now: float) -> bool:
+        """A pull request's heartbeat or expiry is due: nats-server's timer for them fired,
+        and its processWaiting(true) then answers no_wait requests as at the end of the
+        stream, also those max_ack_pending holds messages back from (a no_wait request
+        that got some ends with 404 at its first heartbeat instead of lingering)."""
+        return any((wr.hb and now >= wr.hbt) or (wr.expires and now >= wr.expires)
+                   for wr in self.waiting)
 
     def _at_end(self) -> bool:
         """Nothing to deliver now: the end of the stream, paused, or no waiting request

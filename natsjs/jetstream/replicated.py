@@ -380,9 +380,7 @@ class ReplicatedStream(_Replica):
                 break
         stream.lseq = stream.store.last_seq
         stream.synced_seq = stream.store.last_seq
-        if replies:
-            stream.send_replies(replies)
-        stream.signal_consumers()
+        stream.send_replies(replies, signal=True)
         if self._since_snapshot >= SNAPSHOT_EVERY and not self._snapshotting and \
                 not self.resetting:
             self._snapshotting = True

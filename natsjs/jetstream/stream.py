@@ -426,9 +426,8 @@ class Stream:
                     "JSStreamStoreFailedF", err=self.write_error or "write failed"))
                 replies = [(r, err) for r, _ in replies + self._unsynced]
                 self._unsynced = sink.replies = []
-            self.send_replies(replies)
+            self.send_replies(replies, signal=True)
             sink.budget = self.jsa.storage_budget(self)
-            self.signal_consumers()
             if self._expire_idle and self.cfg["max_age"] and store.msgs:
                 self._expire_idle = False
                 self._expire_wake.unpark()
@@ -488,17 +487,27 @@ class Stream:
                 self.server.log.error("JetStream background sync of '%s > %s' failed: %s",
                                       self.jsa.name, self.name, exc)
 
-    def send_replies(self, replies: list) -> None:
+    def send_replies(self, replies: list, signal: bool = False) -> None:
         """Send a batch's answers: ``replies`` holds ``(reply subject, answer)`` pairs,
         the answer being a PubAck or error body (bytes) or a stored sequence (int, whose
         PubAck is formatted in C).  Through one publisher: each connection is written
-        once for the whole batch."""
+        once for the whole batch.
+
+        With ``signal`` the consumers are signalled, and deliver what they can, before
+        the connections are written: a PubAck and the deliveries of its message reach
+        a client in one write, as nats-server queues both on the stream's one outq
+        (nats.py counts a subscription's pending messages per read: a delivery that
+        came with the next PubAck would make two at once, a slow consumer)."""
         if not replies:
+            if signal:
+                self.signal_consumers()
             return
         pub = self.js.publisher(self.jsa.account)
         try:
             # an int is a sequence from the C capture: its PubAck is formatted in C
             pub.core.publish_replies(replies, self._pub_ack_prefix)
+            if signal:
+                self.signal_consumers()
         finally:
             pub.done()
 

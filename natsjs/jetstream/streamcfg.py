@@ -159,11 +159,14 @@ def with_dynamic_metadata(cfg: dict, version: str) -> dict:
 class CheckContext:
     """What the checks need from the account (other streams, limits)."""
 
-    def __init__(self, get_stream=None, max_bytes_required=False, max_stream_bytes=-1,
-                 server_dup_window=0, pedantic=False):
+    def __init__(self, get_stream=None, max_bytes_required=False, memory_max_stream_bytes=-1,
+                 store_max_stream_bytes=-1, server_dup_window=0, pedantic=False):
         self.get_stream = get_stream or (lambda name: None)   # -> config dict or None
         self.max_bytes_required = max_bytes_required
-        self.max_stream_bytes = max_stream_bytes
+        # The account's largest max_bytes for a stream kept in memory / in files
+        # (nats-server's Account.maxBytesLimits); <= 0: no limit.
+        self.memory_max_stream_bytes = memory_max_stream_bytes
+        self.store_max_stream_bytes = store_max_stream_bytes
         self.server_dup_window = server_dup_window
         self.pedantic = pedantic
 
@@ -306,7 +309,9 @@ def check_stream_config(config: dict, ctx: CheckContext) -> dict:
         raise _invalid("stream needs at least one configured subject or be a source/mirror")
     if ctx.max_bytes_required and cfg["max_bytes"] <= 0:
         raise ApiError.of("JSStreamMaxBytesRequired")
-    if ctx.max_stream_bytes > 0 and cfg["max_bytes"] > ctx.max_stream_bytes:
+    limit = (ctx.memory_max_stream_bytes if cfg["storage"] == "memory"
+             else ctx.store_max_stream_bytes)
+    if limit > 0 and cfg["max_bytes"] > limit:
         raise ApiError.of("JSStreamMaxStreamBytesExceeded")
     tr = cfg["subject_transform"]
     if tr is not None:
