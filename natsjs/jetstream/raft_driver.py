@@ -7,10 +7,9 @@ Where it sits on the clustered write path::
     worker thread (group commit) -> RaftNode.persisted -> commit -> StateMachine.apply
 
 The storage (files, log, recovery) is natsjs/jetstream/raft_storage.py.  ``RaftService``
-owns the timers and the tasks.  The effects of one ``ready()`` are carried out before
-the node sees another message or tick, so the node's read-only view of the log is
-always current (the application's calls and fsync completions only add to what the
-next ``ready()`` collects).
+owns the timers and the tasks; every call into the node happens under one lock and the
+effects of one ``ready()`` are carried out before the node sees another input, so the
+node's read-only view of the log is always current.
 """
 from __future__ import annotations
 
@@ -107,19 +106,21 @@ class RaftService:
                              snapshot=storage.snapshot, now=trio.current_time(),
                              repair=storage.repair)
         self.node.set_restoring(restoring)
-        self._wake = trio.Event()    # work for the effects task (``_effects_loop``)
+        self._lock = trio.Lock()
+        self._wake = trio.Event()
         self._sync_idle = trio.Event()
         self._sync_idle.set()
         self._sync_retry = trio.Event()
         self._syncing = None         # the log Sync being fsynced
         self._sync_wanted = False    # entries appended since it began
         self._log_busy = False       # a truncation or snapshot in a thread
-        self._driving = False        # ``_drive`` is carrying out effects
-        self._waiting = None         # a Ready the effects task carries out (it waits)
-        self._waited = trio.Event()  # set when that is done
-        self._failure = None         # what went wrong in ``_drive``, for the task to raise
+        self._driving = False        # effects being carried out in a caller's task
+        self._carry = None           # a Ready taken there that waits for the flush task
+        self._failure = None         # what went wrong there, for the flush task to raise
         self._nursery = None
+        self._inbox = None
         self._queued = collections.deque()  # received while busy (``receive``)
+        self._queued_ev = trio.Event()
         self._fsync_submit = fsync_submit
         self._last_save = None       # trio.Event: the latest snapshot save is done
         bind = getattr(transport, "bind", None)
@@ -176,8 +177,8 @@ class RaftService:
 
     def kick(self) -> None:
         """Carry out what the proposals just made need (append, send) in the caller's
-        task when nothing is under way; the effects task does it otherwise."""
-        self._drive()
+        task when nothing is under way; the flush task does it otherwise."""
+        self._drive_now()
 
     def restored(self) -> None:
         """The state machine now holds what the snapshot it restored describes (its
@@ -203,13 +204,13 @@ class RaftService:
         return index
 
     async def compact(self, index: int, data: bytes) -> None:
-        await self._until_settled()
-        before = self.node.snap.index
-        self.node.compact(index, data)
-        if self.node.snap.index != before:
-            # the node may send it to a follower before the files are written
-            self.storage.stage_snapshot(index, data)
-        self._drive()
+        async with self._lock:
+            before = self.node.snap.index
+            self.node.compact(index, data)
+            if self.node.snap.index != before:
+                # the node may send it to a follower before the files are written
+                self.storage.stage_snapshot(index, data)
+            await self._drive()
 
     async def wait_applied(self, index: int) -> None:
         while self.applied < index:
@@ -220,23 +221,25 @@ class RaftService:
 
     # -- tasks
     #
-    # Effects are carried out one way, ``_drive``, in the task that caused the work:
-    # a proposal (``kick``), a message off the route, an fsync's completion, a tick.
-    # Each hop through another task costs a pass of the event loop, and a publish with
-    # a quorum fsync crosses some ten of them otherwise; under load a pass is a few
-    # hundred microseconds.  Only a Ready with effects that wait for a thread (hard
-    # state, truncation, an installed snapshot) goes to the effects task; until it is
-    # carried out (``_waiting``), messages and ticks wait and ``_drive`` does nothing.
+    # The hot path runs in the task that caused the work, not in a task of its own:
+    # a proposal, a message off the route and an fsync's completion each carry the
+    # node's effects out at once (``_drive_now``) when no task is in the middle of
+    # effects that wait (a thread: hard state, truncation, snapshots).  Each hop through
+    # another task costs a pass of the event loop, and a publish with a quorum fsync
+    # crosses some ten of them without this; under load a pass is a few hundred
+    # microseconds.  The tasks below remain for what must wait, and for timers.
 
     async def run(self, inbox, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled.  ``inbox`` yields the bytes other nodes sent us."""
+        self._inbox = inbox
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._recv_loop, inbox)
+                nursery.start_soon(self._queue_loop)
                 nursery.start_soon(self._tick_loop, inbox)
                 nursery.start_soon(self._sync_loop)
-                nursery.start_soon(self._effects_loop)
+                nursery.start_soon(self._flush_loop)
                 task_status.started()
         except BaseException:
             # A group being stopped (its replica removed from this server) closes its
@@ -249,82 +252,79 @@ class RaftService:
         finally:
             self.closed = True
             self._nursery = None
-            self._waited.set()
             self._notify()
 
     def receive(self, data) -> bool:
         """A message from another node (the route's reader calls this): stepped here
-        when nothing is under way, else queued for the effects task.  Messages are
+        when nothing is under way, else queued for ``_queue_loop``.  Messages are
         stepped in the order they came: none is stepped here while earlier ones wait in
         the queue.  (The inbox channel is no place for them: a task that has taken a
         message from a channel has not stepped it yet, and one stepped here meanwhile
         would overtake it.)  False: the queue is full and the message is dropped, as a
         slow consumer's would be."""
-        if self._queued or self._driving or self._waiting is not None \
-                or self._nursery is None or self.closed:
+        if self._queued or not self._may_drive_now():
             if len(self._queued) >= QUEUE_MAX or self.closed:
                 return False
             self._queued.append(data)
-            self._wake.set()
+            self._queued_ev.set()
             return True
         self.node.step(data, trio.current_time())
-        self._drive()
+        self._drive_now()
         return True
 
+    async def _queue_loop(self) -> None:
+        node = self.node
+        queued = self._queued
+        while True:
+            await self._queued_ev.wait()
+            self._queued_ev = trio.Event()
+            async with self._lock:
+                now = trio.current_time()
+                while queued:
+                    node.step(queued.popleft(), now)
+                node.tick(now)
+                await self._drive()
+
     async def _recv_loop(self, inbox) -> None:
+        node = self.node
         async for data in inbox:
-            await self._until_settled()
-            self._take_inputs(inbox, trio.current_time(), data)
-            self._drive()
+            async with self._lock:
+                now = trio.current_time()
+                node.step(data, now)
+                self._take_queued(inbox, now)
+                node.tick(now)
+                await self._drive()
+
+    def _take_queued(self, inbox, now: float) -> None:
+        # Everything already queued goes in before the next ready: one append-entries per
+        # peer for all of it, and no election timeout fires while a leader's messages wait
+        # in our own inbox.
+        step = self.node.step
+        for _ in range(4096):
+            try:
+                data = inbox.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return
+            step(data, now)
 
     async def _tick_loop(self, inbox) -> None:
         while True:
             await trio.sleep(self.tick_interval)
-            if self._waiting is None:       # else the effects task ticks when done
-                self._take_inputs(inbox, trio.current_time())
-                self._drive()
+            async with self._lock:
+                now = trio.current_time()
+                self._take_queued(inbox, now)
+                self.node.tick(now)
+                await self._drive()
 
-    async def _effects_loop(self) -> None:
-        """Carries out the Ready that waits, then what came in meanwhile; drives when
-        ``_drive`` could not (it was busy) or a call asked for it (``propose``)."""
+    async def _flush_loop(self) -> None:
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
             if self._failure is not None:
                 exc, self._failure = self._failure, None
                 raise exc
-            r = self._waiting
-            if r is not None:
-                await self._execute(r)
-                self._waiting = None
-                self._waited.set()
-            if r is not None or self._queued:
-                self._take_inputs(None, trio.current_time())
-            self._drive()
-
-    async def _until_settled(self) -> None:
-        """Until no Ready waits in the effects task (or the service is closed)."""
-        while self._waiting is not None and not self.closed:
-            await self._waited.wait()
-
-    def _take_inputs(self, inbox, now: float, data=None) -> None:
-        # Everything already queued (then ``data``, taken from the inbox) goes in before
-        # the next ready, then a tick: one append-entries per peer for all of it, and no
-        # election timeout fires while a leader's messages wait in our own queue or inbox.
-        step = self.node.step
-        queued = self._queued
-        while queued:
-            step(queued.popleft(), now)
-        if data is not None:
-            step(data, now)
-        if inbox is not None:
-            for _ in range(4096):
-                try:
-                    data = inbox.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                    break
-                step(data, now)
-        self.node.tick(now)
+            async with self._lock:
+                await self._drive()
 
     # -- durability: one fsync at a time, covering everything appended before it began
 
@@ -366,7 +366,8 @@ class RaftService:
             self.syncs += 1
             if self._sync_wanted:
                 self._want_sync_now()
-        self._drive()
+        if not self._drive_now():
+            self._wake.set()
 
     async def _sync_loop(self) -> None:
         while True:
@@ -375,41 +376,54 @@ class RaftService:
             await trio.sleep(self.cfg.heartbeat_interval)
             if self._syncing is None:
                 self._sync_wanted = True
-                self._want_sync_now()
+                async with self._lock:
+                    self._want_sync_now()
 
     # -- effects
 
-    def _drive(self) -> None:
-        """Carry out the node's effects until it has none, in the caller's task (see
-        "tasks" above).  A Ready whose effects wait goes to the effects task; called
-        while effects are under way (from within them, or while one waits), this leaves
-        the work to that task."""
-        if self._waiting is not None or self.closed or self._nursery is None:
-            return
-        if self._driving:
-            self._wake.set()
-            return
+    def _may_drive_now(self) -> bool:
+        return not (self._lock.locked() or self._driving or self._carry is not None
+                    or self.closed or self._nursery is None)
+
+    def _drive_now(self) -> bool:
+        """Carry out the node's effects in the caller's task (see "tasks" above).
+        False when that cannot be done here: then a task does it."""
+        if not self._may_drive_now():
+            return False
         self._driving = True
         try:
-            node = self.node
             while True:
-                r = node.ready()
+                r = self.node.ready()
                 if not r:
-                    return
+                    return True
                 if r.hard_state is not None or any(op[0] != OP_APPEND for op in r.ops):
-                    self._waiting = r
-                    self._waited = trio.Event()
+                    # needs a thread: the flush task takes it, under the lock
+                    self._carry = r
                     self._wake.set()
-                    return
+                    return True
                 self._effects(r)
                 if not r.more:
-                    return
+                    return True
         except BaseException as exc:
-            # The effects task raises it, as if it had happened there.
+            # The service's task raises it, as if it had happened there.
             self._failure = exc
             self._wake.set()
+            return True
         finally:
             self._driving = False
+
+    async def _drive(self) -> None:
+        """Carry out the node's effects until it has none (lock held)."""
+        if self._carry is not None:
+            r, self._carry = self._carry, None
+            await self._execute(r)
+        while True:
+            r = self.node.ready()
+            if not r:
+                return
+            await self._execute(r)
+            if not r.more:
+                return
 
     async def _execute(self, r) -> None:
         storage = self.storage
