@@ -153,12 +153,19 @@ cluster {
         return p
 
     def start(self, wait: bool = True) -> "JSCluster":
-        for i in range(self.size):
-            self.start_one(i)
-        for p in self.procs:
-            p.start()
-        if wait:
-            self.wait_meta_leader()
+        """Start every node (and wait for a meta leader).  If any of it fails, the nodes
+        already started are stopped before the error goes on: the caller never got the
+        cluster, so nothing else would stop them."""
+        try:
+            for i in range(self.size):
+                self.start_one(i)
+            for p in self.procs:
+                p.start()
+            if wait:
+                self.wait_meta_leader()
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def url(self, i: int) -> str:
