@@ -39,7 +39,7 @@ import trio
 from natsjs._core.filelog import FileLog
 from natsjs.clientinfo import request_info, service_account
 from natsjs.jetstream import consumercfg as CC
-from natsjs.jetstream.apicore import (SERVER_REMOVE_REQUEST, STEPDOWN_REQUEST, decode,
+from natsjs.jetstream.apicore import (SERVER_REMOVE_REQUEST, STEPDOWN_REQUEST, T, decode,
                                       decode_required)
 from natsjs.jetstream.errors import ApiError
 from natsjs.jetstream.jstime import now_ns, rfc3339_nano
@@ -64,7 +64,6 @@ META_HOLD = 4.0
 # The header a held request carries when a server publishes it again for the meta leader.
 PASSED_ON = b"Natsjs-Held: 1\r\n"
 META_SNAPSHOT_EVERY = 256    # meta entries between snapshots
-T = "io.nats.jetstream.api.v1."
 
 
 def peer_id(name: str) -> str:
