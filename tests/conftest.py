@@ -211,3 +211,20 @@ async def settle(*conns):
     for nc in conns:
         await nc.flush()
         await nc.flush()
+
+
+_CALL_REPORT = pytest.StashKey[pytest.TestReport]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when == "call":
+        item.stash[_CALL_REPORT] = rep
+
+
+def call_failed(request) -> bool:
+    """In a fixture's teardown: whether the test itself failed."""
+    rep = request.node.stash.get(_CALL_REPORT, None)
+    return rep is not None and rep.failed

@@ -228,6 +228,18 @@ cluster {
     def index_of(self, name: str) -> int:
         return int(name.split("-")[0][1:]) - 1
 
+    def leadership(self) -> str:
+        """Each node's log lines about leaders, warnings and errors: printed when a test
+        on the cluster fails, they say whether a Raft group changed leader meanwhile."""
+        out = []
+        for i, p in enumerate(self.procs):
+            if p is None:
+                continue
+            lines = p.log.decode(errors="replace").splitlines()
+            out.append("--- %s" % self.name(i))
+            out += [ln for ln in lines if "leader" in ln or "[WRN]" in ln or "[ERR]" in ln]
+        return "\n".join(out)
+
     def close(self) -> None:
         for p in self.procs:
             if p is not None:

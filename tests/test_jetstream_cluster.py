@@ -20,6 +20,7 @@ import nats
 import pytest
 from nats.js.api import StreamConfig
 
+from conftest import call_failed
 from jscluster import SYS_USER, JSCluster
 
 TIMEOUT = 10
@@ -74,9 +75,11 @@ async def stream_leader(js, name: str):
 
 
 @pytest.fixture
-def cluster3(tmp_path):
+def cluster3(tmp_path, request):
     with JSCluster(tmp_path, 3).start() as c:
         yield c
+        if call_failed(request):
+            print(c.leadership())
 
 
 @pytest.fixture
