@@ -837,6 +837,9 @@ class ReplicatedConsumer(_Replica):
         return self._active and self.raft.has_lease()
 
     def leader_changed(self, leader, term: int) -> None:
+        if leader == self.cluster.me:
+            self.server.log.info("JetStream cluster new consumer leader for '%s > %s > %s'",
+                                 self.ca["acc"], self.ca["stream"], self.name)
         if self._active:
             # Leadership lost: stop delivering at once (leader_ready starts it again).
             self._active = False
