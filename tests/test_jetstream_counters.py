@@ -444,3 +444,28 @@ def test_r3_counter_answers_match_reference(tmp_path):
     assert sum("val" in a for a in answers["natsjs"]) >= 5
     diffs = compare(answers["reference"], answers["natsjs"])
     assert not diffs, "\n".join(diffs)
+
+
+@pytest.mark.parametrize("hdr", [
+    b"NATS/1.0\r\nNats-Incr: +1\r\n\r\n", b"NATS/1.0\r\nNats-Incr:-25\r\n\r\n",
+    b"NATS/1.0\r\nNats-Incr:   12345678901234567890123\r\n\r\n",
+    b"NATS/1.0\r\nNats-Incr: 1_0\r\n\r\n", b"NATS/1.0\r\nNats-Incr: +\r\n\r\n",
+    b"NATS/1.0\r\nNats-Incr: \r\n\r\n", b"NATS/1.0\r\nNats-Incr: 1 \r\n\r\n",
+    b"NATS/1.0\r\nNats-Incr: \xd9\xa1\r\n\r\n", b"NATS/1.0\r\nNats-Incr: 1\r\nX: y\r\n\r\n",
+    b"NATS/1.0\r\nNats-Incr: 1\r\nNats-Expected-Last-Sequence: 3\r\n\r\n",
+    b"NATS/1.0\r\nX: y\r\nNats-Incr: 1\r\n\r\n", b"NATS/1.0 100\r\nNats-Incr: 1\r\n\r\n",
+    b"NATS/1.0\r\nnats-incr: 1\r\n\r\n", b"NATS/1.0\r\nNats-Incr: 1\r\n"])
+def test_the_increment_only_shortcut_agrees_with_the_full_check(hdr):
+    """stream.py skips every other header check for a block holding just one valid
+    Nats-Incr line (counters.only_incr); anything else must fall to the full checks,
+    and where the shortcut answers it answers as they do."""
+    from natsjs.jetstream import counters
+    cfg = {"allow_msg_counter": True}
+    fast = counters.only_incr(hdr)
+    full = counters.check_incr(cfg, hdr, b"", False)
+    lines = hdr.split(b"\r\n")
+    single = hdr.startswith(b"NATS/1.0\r\n") and hdr.endswith(b"\r\n\r\n") and len(lines) == 4
+    if fast is not None:
+        assert single and fast == full
+    else:
+        assert not single or not isinstance(full, int)

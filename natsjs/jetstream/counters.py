@@ -45,6 +45,23 @@ _INCOMPATIBLE = (H.ROLLUP, H.EXPECTED_STREAM, H.EXPECTED_LAST_MSG_ID,
                  H.EXPECTED_LAST_SUBJ_SEQ_SUBJ, H.EXPECTED_LAST_SEQ, H.EXPECTED_LAST_SUBJ_SEQ)
 
 
+_ONLY_INCR = H.HDR_LINE + INCR + b":"
+_END = H.CRLF + H.CRLF
+
+
+def only_incr(hdr: bytes) -> int | None:
+    """The increment of a header block that holds one ``Nats-Incr`` line and nothing
+    else, as counter clients send it, when it is a valid one; else None (and the full
+    checks decide).  With no other header there is nothing else to check."""
+    if not hdr.endswith(_END) or not hdr.startswith(_ONLY_INCR):
+        return None
+    raw = hdr[len(_ONLY_INCR):-4].lstrip(b" ")
+    # bytes.isdigit: ASCII digits only (int() alone would take "1_0" and spaces)
+    if not (raw[1:] if raw[:1] in b"+-" else raw).isdigit():
+        return None
+    return int(raw)
+
+
 def check_incr(cfg: dict, hdr: bytes, msg: bytes, sourced: bool):
     """The increment a message's headers carry (None: none), or the ApiError refusing it."""
     raw = H.get(hdr, INCR)
@@ -90,12 +107,13 @@ def apply(store, subject: bytes, hdr: bytes | None, msg: bytes, incr: int | None
     if last is not None:
         try:
             total = _stored_total(last[3])
-            raw = H.get(last[2], COUNTER_SOURCES)
-            if raw:
-                sources = _parse_sources(raw)
+            if last[2] and COUNTER_SOURCES in last[2]:
+                raw = H.get(last[2], COUNTER_SOURCES)
+                if raw:
+                    sources = _parse_sources(raw)
         except ValueError:
             return ApiError.of("JSMessageCounterBrokenErr")
-    origin = H.get(hdr, H.STREAM_SOURCE)
+    origin = H.get(hdr, H.STREAM_SOURCE) if H.STREAM_SOURCE in hdr else None
     if origin:
         # A total from a sourced counter: add what changed since the last one seen.
         fields = origin.decode("utf-8", "replace").split(" ")

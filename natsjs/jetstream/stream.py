@@ -643,7 +643,12 @@ class Stream:
             elif len(hdr) > 12 and hdr[8:9] == b" ":
                 # A status line (a message relayed with one) is not stored.
                 hdr = H.HDR_LINE + hdr[hdr.find(H.CRLF) + 2:]
-        if hdr and b"Nats-" in hdr:
+        if hdr and cfg["allow_msg_counter"] and not sourced:
+            # An increment and no other header: none of the checks below applies.
+            incr = counters.only_incr(hdr)
+            if incr is not None and msg:
+                return ApiError.of("JSMessageIncrPayloadErr")
+        if incr is None and hdr and b"Nats-" in hdr:
             if counters.INCR in hdr:
                 incr = counters.check_incr(cfg, hdr, msg, sourced)
                 if incr.__class__ is ApiError:
