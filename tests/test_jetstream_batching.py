@@ -408,3 +408,18 @@ def test_restart_drops_a_half_written_batch(tmp_path):
     assert (msgs, last) == (3, 3)
     assert headers["Nats-Batch-Id"] == "whole" and headers["Nats-Batch-Commit"] == "1"
     assert ack["seq"] == 4 and ack["count"] == 1
+
+
+@pytest.mark.parametrize("hdr,only", [
+    (b"NATS/1.0\r\nNats-Batch-Id: b\r\nNats-Batch-Sequence: 1\r\n\r\n", True),
+    (b"NATS/1.0\r\nNats-Batch-Id: b\r\nNats-Batch-Commit: 1\r\nX: Nats-Msg-Id\r\n\r\n", True),
+    (b"NATS/1.0\r\nNats-Batch-Id: b\r\nNats-Msg-Id: 1\r\n\r\n", False),
+    (b"NATS/1.0\r\nNats-Expected-Last-Sequence: 3\r\nNats-Batch-Id: b\r\n\r\n", False),
+    (b"NATS/1.0\r\nNats-Batch-Id: b\r\nNats-TTL: 1s\r\n\r\n", False),
+    (b"NATS/1.0\r\nNats-Incr: 1\r\nNats-Batch-Id: b\r\n\r\n", False)])
+def test_batch_messages_with_only_batch_headers_skip_the_other_checks(hdr, only):
+    """Stream._process skips the per-message header checks for a message whose Nats-
+    keys are all batch keys; any other Nats- key (which those checks read) keeps them."""
+    from natsjs.jetstream import batching
+    from natsjs.jetstream import headers as H
+    assert H.nats_keys_all_of(hdr, batching.BATCH_KEYS) is only

@@ -41,6 +41,7 @@ from natsjs.jetstream.errors import ApiError
 BATCH_ID = b"Nats-Batch-Id"
 BATCH_SEQ = b"Nats-Batch-Sequence"
 BATCH_COMMIT = b"Nats-Batch-Commit"
+BATCH_KEYS = b"Nats-Batch-"      # the family of the three
 REQUIRED_API_LEVEL = b"Nats-Required-Api-Level"
 
 # server/stream.go streamDefaultMaxBatchTimeout and the atomic batch limits.

@@ -70,6 +70,12 @@ def get(hdr: bytes | None, key: bytes) -> bytes | None:
     return hdr[i:end if end >= 0 else n]
 
 
+def nats_keys_all_of(hdr: bytes, family: bytes) -> bool:
+    """Whether every ``Nats-`` key of the block starts with ``family`` (``Nats-Batch-``):
+    keys are matched as ``get`` matches them, case-sensitively at a line's start."""
+    return hdr.count(CRLF + b"Nats-") == hdr.count(CRLF + family)
+
+
 def remove(hdr: bytes | None, key: bytes) -> bytes | None:
     """The block without ``key`` (every occurrence); None when nothing is left."""
     if not hdr:

@@ -648,7 +648,9 @@ class Stream:
             incr = counters.only_incr(hdr)
             if incr is not None and msg:
                 return ApiError.of("JSMessageIncrPayloadErr")
-        if incr is None and hdr and b"Nats-" in hdr:
+        # A batch's messages carry only the batch's own headers: nothing below reads them.
+        if incr is None and hdr and b"Nats-" in hdr and \
+                not H.nats_keys_all_of(hdr, batching.BATCH_KEYS):
             if counters.INCR in hdr:
                 incr = counters.check_incr(cfg, hdr, msg, sourced)
                 if incr.__class__ is ApiError:
