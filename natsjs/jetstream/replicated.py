@@ -917,6 +917,9 @@ class ReplicatedConsumer(_Replica):
                     self._follow_delivered(c, data)
             slot = self._waiters.pop(index, None)
             if slot is not None:
+                # Ours only if the term is the one it was proposed in: a later leader
+                # may have put its own entry at this index.
+                slot[2] = term == slot[1]
                 slot[0].set()
         if self._since_snapshot >= CONSUMER_SNAPSHOT_EVERY and not self._snapshotting:
             self._snapshotting = True
@@ -988,12 +991,19 @@ class ReplicatedConsumer(_Replica):
         finally:
             self._snapshotting = False
 
-    async def wait_committed(self, index: int, timeout: float = 5.0) -> bool:
-        ev = trio.Event()
-        self._waiters[index] = [ev]
+    def expect(self, index: int) -> list:
+        """Watch for the entry this leader just proposed at ``index``: registered at once,
+        since the group may commit and apply it before anyone waits (``committed``)."""
+        slot = self._waiters[index] = [trio.Event(), self.raft.term, False]
+        return slot
+
+    @staticmethod
+    async def committed(slot: list, timeout: float = 5.0) -> bool:
+        """Whether the entry ``expect`` watches was committed (and applied) as proposed,
+        within ``timeout``."""
         with trio.move_on_after(timeout):
-            await ev.wait()
-        return ev.is_set()
+            await slot[0].wait()
+        return slot[2]
 
     def restore(self, storage: RaftStorage, index: int, term: int) -> None:
         try:
@@ -1066,7 +1076,7 @@ class ReplicaStateStore(MemConsumerStore):
             # client would count as confirmed an ack the next leader never saw.
             self._refused = True
         else:
-            self._last = index
+            self._last = self.rep.expect(index)
 
     def delivered(self, batch: list, state: ConsumerState) -> None:
         self.rep.propose_delivered(batch, state)
@@ -1075,12 +1085,12 @@ class ReplicaStateStore(MemConsumerStore):
         return self._last is not None or self._refused
 
     async def sync(self) -> None:
-        index, refused = self._last, self._refused
+        slot, refused = self._last, self._refused
         self._last, self._refused = None, False
         if refused:
             raise OSError("no longer the consumer's leader: acknowledgements not recorded")
-        if index is not None:
-            if not await self.rep.wait_committed(index):
+        if slot is not None:
+            if not await self.rep.committed(slot):
                 raise OSError("consumer state not committed in time")
 
     def snapshot(self, state: ConsumerState) -> None:
