@@ -335,7 +335,7 @@ async def _fetch_across_consumer_step_downs(nc, js) -> None:
     (503, asked again) until the new leader answers it -- never silence."""
     psub = await js.pull_subscribe("s.>", durable="C")
     for m in await psub.fetch(2, timeout=TIMEOUT):
-        await m.ack_sync()
+        await m.ack_sync(timeout=TIMEOUT)
     for round_ in range(3):
         old = (await js.consumer_info("S", "C")).cluster.leader
         resp = await nc.request("$JS.API.CONSUMER.LEADER.STEPDOWN.S.C", b"",
@@ -344,7 +344,7 @@ async def _fetch_across_consumer_step_downs(nc, js) -> None:
         msgs = await answered(lambda: psub.fetch(1, timeout=3),
                               nats.js.errors.ServiceUnavailableError)   # status 503
         assert msgs[0].metadata.sequence.stream == 3 + round_
-        await msgs[0].ack_sync()
+        await msgs[0].ack_sync(timeout=TIMEOUT)
         assert (await js.consumer_info("S", "C")).cluster.leader != old
 
 
