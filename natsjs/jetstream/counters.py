@@ -56,10 +56,7 @@ def only_incr(hdr: bytes) -> int | None:
     if not hdr.endswith(_END) or not hdr.startswith(_ONLY_INCR):
         return None
     raw = hdr[len(_ONLY_INCR):-4].lstrip(b" ")
-    # bytes.isdigit: ASCII digits only (int() alone would take "1_0" and spaces)
-    if not (raw[1:] if raw[:1] in b"+-" else raw).isdigit():
-        return None
-    return int(raw)
+    return int(raw) if _BIG_INT.match(raw) is not None else None
 
 
 def check_incr(cfg: dict, hdr: bytes, msg: bytes, sourced: bool):
